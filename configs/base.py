@@ -1,0 +1,148 @@
+"""Every default of jaxrl-agents, each with a comment. Experiment files import
+`get_config()` and change only what differs; the returned ConfigDict is locked, so a
+misspelt key is an error rather than a silent new field."""
+
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.name = "run"  # run name: outputs go to <output_dir>/<name>/
+    c.output_dir = "runs"  # parent folder of run directories
+    c.seed = 0  # master seed: model init, sampling, env seeds, data order
+
+    # --- model: the policy (Qwen2 / Llama family decoder) -----------------------------
+    c.model = ml_collections.ConfigDict()
+    c.model.hf_path = ""  # HF checkpoint dir or hub id; "" builds from the fields below
+    c.model.vocab_size = 512  # tokens in the vocabulary
+    c.model.hidden_size = 128  # width of the residual stream (D)
+    c.model.intermediate_size = 384  # SwiGLU hidden width
+    c.model.num_layers = 4  # decoder blocks
+    c.model.num_heads = 4  # query heads
+    c.model.num_kv_heads = 2  # key/value heads (GQA; 1 = multi-query)
+    c.model.head_dim = 32  # width of one attention head
+    c.model.rope_theta = 10000.0  # RoPE base frequency
+    c.model.rms_norm_eps = 1e-6  # RMSNorm epsilon
+    c.model.tie_embeddings = True  # output projection shares the token embedding
+    c.model.qkv_bias = False  # bias on q/k/v projections (True for Qwen2)
+    c.model.max_position_embeddings = 2048  # longest position the model is used at
+    c.model.dtype = "float32"  # compute dtype: float32 | bfloat16
+    c.model.param_dtype = "float32"  # parameter storage dtype: float32 | bfloat16
+    c.model.remat = "none"  # per-layer rematerialisation: none | full | dots
+    c.model.scan_layers = False  # scan over layers (compile time independent of depth)
+    c.model.critic = "head"  # value function: head (on the policy trunk) | separate (own model)
+
+    # --- mesh: device layout; -1 means "all remaining devices" ---------------------------
+    c.mesh = ml_collections.ConfigDict()
+    c.mesh.data = -1  # pure data parallelism
+    c.mesh.fsdp = 1  # parameters and optimizer state sharded, batch split too
+    c.mesh.tensor = 1  # attention heads and MLP width sharded
+
+    # --- tokenizer ---------------------------------------------------------------------
+    c.tokenizer = ml_collections.ConfigDict()
+    c.tokenizer.path = ""  # HF tokenizer dir; "" trains a byte-level BPE on env text
+    c.tokenizer.vocab_size = 512  # size of a trained tokenizer
+    c.tokenizer.chat_template = "chat"  # chat (tokenizer's template) | plain
+
+    # --- rollout: sampling actions --------------------------------------------------------
+    c.rollout = ml_collections.ConfigDict()
+    c.rollout.episodes_per_batch = 32  # episodes collected in lock-step per update
+    c.rollout.group_size = 1  # samples per task instance (RLOO / GRPO groups)
+    c.rollout.temperature = 1.0  # sampling temperature (0 = greedy)
+    c.rollout.top_p = 1.0  # nucleus sampling mass
+    c.rollout.top_k = 0  # top-k sampling (0 = off)
+    c.rollout.max_action_tokens = 16  # an action is cut after this many tokens
+    c.rollout.max_context = 1024  # an episode whose context would pass this is truncated
+    c.rollout.stop_strings = ("\n",)  # an action ends at any of these
+    c.rollout.length_buckets = (128, 256, 512, 1024)  # padded lengths compiled for
+    c.rollout.num_env_workers = 2  # EnvPool worker processes
+    c.rollout.env_timeout_s = 30.0  # a worker call slower than this is killed and restarted
+
+    # --- env: what the agent plays --------------------------------------------------------
+    c.env = ml_collections.ConfigDict()
+    c.env.family = "textworld"  # textworld | alfworld | code | toy
+    c.env.name = "w2-o3-q4"  # family-specific task name (TextWorld wR-oO-qQ)
+    c.env.num_train_tasks = 64  # distinct training task instances
+    c.env.num_eval_tasks = 100  # held-out task instances (never trained on)
+    c.env.reward_density = "sparse"  # sparse | every_k | dense
+    c.env.reward_k = 2  # every_k: release intermediate reward every k steps
+    c.env.step_penalty = 0.0  # reward added to every step (negative = cost)
+    c.env.invalid_penalty = 0.0  # reward added for an invalid action
+    c.env.max_steps = 0  # step budget per episode; 0 = 2x the task's optimal steps
+    c.env.obs_format = "template"  # template ([Room]/[Items]/[Goal]/[Feedback]) | raw
+
+    # --- algo: the RL objective -------------------------------------------------------------
+    c.algo = ml_collections.ConfigDict()
+    c.algo.estimator = "gae"  # gae | turn_gae | rloo | grpo | reinforce_pp
+    c.algo.gamma = 0.99  # discount
+    c.algo.lam = 0.95  # GAE lambda
+    c.algo.clip_eps = 0.2  # PPO clip range
+    c.algo.clip_eps_high = 0.0  # upper clip range; 0 = same as clip_eps
+    c.algo.dual_clip = 0.0  # dual-clip constant for negative advantages; 0 = off
+    c.algo.loss_agg = "token-mean"  # token-mean | seq-mean-token-sum | seq-mean-token-mean
+    c.algo.value_clip = 0.2  # clip range of the value loss; 0 = off
+    c.algo.value_coef = 0.5  # weight of the value loss
+    c.algo.entropy_coef = 0.0  # weight of the entropy bonus
+    c.algo.grpo_std_normalize = True  # GRPO: divide by the group's std
+    c.algo.normalize_advantages = True  # whiten advantages over the batch's action tokens
+
+    # --- kl: penalty against the frozen reference policy ------------------------------------
+    c.kl = ml_collections.ConfigDict()
+    c.kl.coef = 0.1  # KL coefficient (final value for warmup)
+    c.kl.kind = "k1"  # estimator: k1 | k2 | k3
+    c.kl.where = "reward"  # reward (per-token penalty) | loss (added to the policy loss)
+    c.kl.controller = "fixed"  # fixed | adaptive | warmup
+    c.kl.target = 0.05  # adaptive: target KL per token
+    c.kl.horizon = 10000  # adaptive: tokens over which the coefficient adapts
+    c.kl.warmup_start = 0.01  # warmup: coefficient at the start
+    c.kl.warmup_updates = 100  # warmup: updates to reach `coef`
+
+    # --- sft: supervised fine-tuning on golden trajectories ------------------------------
+    c.sft = ml_collections.ConfigDict()
+    c.sft.enabled = True  # run SFT before RL
+    c.sft.num_trajectories = 50  # golden trajectories to train on
+    c.sft.learning_rate = 5e-6  # Adam learning rate
+    c.sft.batch_size = 16  # trajectories per step
+    c.sft.epochs = 3  # passes over the training split
+    c.sft.val_fraction = 0.2  # share held out for validation loss
+    c.sft.eval_games = 20  # held-out games played after SFT (success rate)
+
+    # --- rl: the outer RL loop ---------------------------------------------------------------
+    c.rl = ml_collections.ConfigDict()
+    c.rl.learning_rate = 1e-6  # policy Adam learning rate
+    c.rl.critic_learning_rate = 1e-5  # critic Adam learning rate
+    c.rl.lr_schedule = "constant"  # constant | linear | step_decay (x0.9 every 200 episodes)
+    c.rl.episodes_per_epoch = 500  # episodes in one RL epoch
+    c.rl.epochs = 1  # RL epochs
+    c.rl.ppo_epochs = 2  # passes over each collected batch
+    c.rl.minibatch_size = 16  # episodes per gradient step
+    c.rl.grad_accum = 1  # micro-batches accumulated per minibatch
+    c.rl.max_grad_norm = 1.0  # global gradient-norm clip
+    c.rl.reward_scale = 1.0  # rewards are multiplied by this
+    c.rl.reward_norm = False  # divide rewards by a running std of returns
+    c.rl.reward_clip = 0.0  # clip rewards to [-x, x]; 0 = off
+    c.rl.value_warmup_updates = 0  # updates that train only the critic
+    c.rl.eval_every = 10  # evaluate on held-out tasks every k updates
+
+    # --- curriculum over environment complexity --------------------------------------------
+    c.curriculum = ml_collections.ConfigDict()
+    c.curriculum.enabled = False  # move through `stages` by success rate
+    c.curriculum.stages = ("w2-o3-q4",)  # ordered task names, easiest first
+    c.curriculum.promote_above = 0.75  # promote when success exceeds this
+    c.curriculum.demote_below = 0.40  # demote when success falls under this
+    c.curriculum.eval_every_epochs = 5  # epochs between curriculum decisions
+
+    # --- logging -----------------------------------------------------------------------------
+    c.logging = ml_collections.ConfigDict()
+    c.logging.tensorboard = True  # write TensorBoard event files
+    c.logging.jsonl = True  # write metrics.jsonl
+    c.logging.progress_bar = True  # live tqdm bar with the main figures
+    c.logging.plots = True  # PNG learning curves at the end
+
+    # --- checkpointing -----------------------------------------------------------------------
+    c.checkpoint = ml_collections.ConfigDict()
+    c.checkpoint.every = 10  # save every k updates (0 = only at the end)
+    c.checkpoint.keep = 3  # checkpoints kept on disk
+
+    c.lock()
+    return c

@@ -1,0 +1,185 @@
+"""The one configuration loader every command uses.
+
+    cfg = load_config("configs/textworld_tiny.py", ["--config.rl.learning_rate=1e-5"])
+
+A config file is a Python file with `get_config()` returning an ml_collections
+ConfigDict (normally `configs.base.get_config()` with a few fields changed). Overrides
+are `a.b=value` (a leading `--config.` is accepted); the value is parsed to the type the
+field already has. An unknown key, a value of the wrong type, a value outside a field's
+allowed choices or a missing file raises ConfigError naming the key.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import os
+from collections.abc import Sequence
+
+import ml_collections
+
+# Fields whose value must be one of a fixed set. The single place these are listed.
+CHOICES: dict[str, tuple] = {
+    "model.dtype": ("float32", "bfloat16"),
+    "model.param_dtype": ("float32", "bfloat16"),
+    "model.remat": ("none", "full", "dots"),
+    "model.critic": ("head", "separate"),
+    "tokenizer.chat_template": ("chat", "plain"),
+    "env.family": ("textworld", "alfworld", "code", "toy"),
+    "env.reward_density": ("sparse", "every_k", "dense"),
+    "env.obs_format": ("template", "raw"),
+    "algo.estimator": ("gae", "turn_gae", "rloo", "grpo", "reinforce_pp"),
+    "algo.loss_agg": ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean"),
+    "kl.kind": ("k1", "k2", "k3"),
+    "kl.where": ("reward", "loss"),
+    "kl.controller": ("fixed", "adaptive", "warmup"),
+    "rl.lr_schedule": ("constant", "linear", "step_decay"),
+}
+
+_PREFIX = "--config."
+
+
+class ConfigError(ValueError):
+    """A config file or override is wrong; the message names the key."""
+
+
+def load_config_file(path: str) -> ml_collections.ConfigDict:
+    """Imports `path` and returns its `get_config()`, locked."""
+    if not os.path.isfile(path):
+        raise ConfigError(f"config file not found: {path!r}")
+    spec = importlib.util.spec_from_file_location(f"_jaxrl_config_{abs(hash(path))}", path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except AttributeError as e:  # a locked ConfigDict refuses a misspelt field
+        raise ConfigError(f"{path}: {e}") from e
+    if not hasattr(module, "get_config"):
+        raise ConfigError(f"config file {path!r} has no get_config() function")
+    cfg = module.get_config()
+    if not isinstance(cfg, ml_collections.ConfigDict):
+        raise ConfigError(f"{path}: get_config() returned {type(cfg).__name__}, not a ConfigDict")
+    cfg.lock()
+    return cfg
+
+
+def _parse_value(key: str, text: str, current):
+    """Parses `text` into the type of `current` (the field's present value)."""
+    if isinstance(current, bool):
+        lowered = text.strip().lower()
+        if lowered in ("true", "1", "yes"):
+            return True
+        if lowered in ("false", "0", "no"):
+            return False
+        raise ConfigError(f"config key {key!r} is a bool; got {text!r} (use true/false)")
+    if isinstance(current, str):
+        return text
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        if current is None:
+            return text
+        raise ConfigError(
+            f"config key {key!r} expects {type(current).__name__}; cannot parse {text!r}"
+        ) from None
+    if current is None:
+        return value
+    if isinstance(current, float) and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(current, tuple | list) and isinstance(value, tuple | list):
+        return type(current)(value)
+    if type(value) is not type(current):
+        raise ConfigError(
+            f"config key {key!r} expects {type(current).__name__}; "
+            f"got {text!r} ({type(value).__name__})"
+        )
+    return value
+
+
+def apply_override(cfg: ml_collections.ConfigDict, override: str) -> None:
+    """Applies one `a.b=value` (or `--config.a.b=value`) override in place."""
+    text = override[len(_PREFIX) :] if override.startswith(_PREFIX) else override
+    if "=" not in text:
+        raise ConfigError(f"override {override!r} is not of the form key=value")
+    key, value_text = text.split("=", 1)
+    *parents, leaf = key.split(".")
+    node = cfg
+    for depth, part in enumerate(parents):
+        child = node.get(part) if isinstance(node, ml_collections.ConfigDict) else None
+        if not isinstance(child, ml_collections.ConfigDict):
+            where = ".".join(parents[: depth + 1])
+            raise ConfigError(f"unknown config section {where!r}; valid: {sorted(node.keys())}")
+        node = child
+    if leaf not in node:
+        raise ConfigError(f"unknown config key {key!r}; valid keys here: {sorted(node.keys())}")
+    if isinstance(node[leaf], ml_collections.ConfigDict):
+        raise ConfigError(f"config key {key!r} is a section; set one of {sorted(node[leaf])}")
+    with node.unlocked():
+        node[leaf] = _parse_value(key, value_text, node[leaf])
+
+
+def validate(cfg: ml_collections.ConfigDict) -> None:
+    """Checks the fields with fixed choices, and sizes that must be positive."""
+    for key, allowed in CHOICES.items():
+        value = _get(cfg, key)
+        if value is not _MISSING and value not in allowed:
+            raise ConfigError(f"config key {key!r} is {value!r}; allowed: {list(allowed)}")
+    for key in ("rollout.episodes_per_batch", "rollout.max_action_tokens", "rl.minibatch_size"):
+        value = _get(cfg, key)
+        if value is not _MISSING and value <= 0:
+            raise ConfigError(f"config key {key!r} must be positive, got {value!r}")
+    for key in ("algo.gamma", "algo.lam", "sft.val_fraction"):
+        value = _get(cfg, key)
+        if value is not _MISSING and not 0.0 <= value <= 1.0:
+            raise ConfigError(f"config key {key!r} must lie in [0, 1], got {value!r}")
+
+
+_MISSING = object()
+
+
+def _get(cfg, dotted: str):
+    node = cfg
+    for part in dotted.split("."):
+        if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+            return _MISSING
+        node = node[part]
+    return node
+
+
+def load_config(path: str, overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
+    """Loads a config file, applies `overrides` in order, validates and locks it."""
+    cfg = load_config_file(path)
+    for override in overrides:
+        apply_override(cfg, override)
+    validate(cfg)
+    return cfg
+
+
+def split_config_args(argv: Sequence[str]) -> tuple[str | None, list[str], list[str]]:
+    """Splits a command line into (config path, config overrides, other arguments).
+
+    Accepts `--config PATH`, `--config=PATH`, `--config.a.b=v` and `--config.a.b v`.
+    """
+    path, overrides, rest = None, [], []
+    args = list(argv)
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--config":
+            if i + 1 >= len(args):
+                raise ConfigError("--config needs a path")
+            path, i = args[i + 1], i + 2
+            continue
+        if arg.startswith("--config="):
+            path = arg.split("=", 1)[1]
+        elif arg.startswith(_PREFIX):
+            if "=" in arg:
+                overrides.append(arg)
+            elif i + 1 < len(args):
+                overrides.append(f"{arg}={args[i + 1]}")
+                i += 1
+            else:
+                raise ConfigError(f"override {arg!r} has no value")
+        else:
+            rest.append(arg)
+        i += 1
+    return path, overrides, rest

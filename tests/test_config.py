@@ -1,0 +1,123 @@
+import ml_collections
+import pytest
+
+from configs import base
+from jaxrl_agents.config import (
+    CHOICES,
+    ConfigError,
+    apply_override,
+    load_config,
+    split_config_args,
+    validate,
+)
+
+BASE = "configs/base.py"
+
+
+def test_base_defaults_from_the_recipe():
+    cfg = load_config(BASE)
+    assert cfg.algo.estimator == "gae"
+    assert cfg.algo.gamma == 0.99 and cfg.algo.lam == 0.95
+    assert cfg.kl.coef == 0.1 and cfg.algo.clip_eps == 0.2
+    assert (cfg.sft.learning_rate, cfg.sft.batch_size, cfg.sft.epochs) == (5e-6, 16, 3)
+    assert cfg.sft.val_fraction == 0.2
+    assert cfg.rl.learning_rate == 1e-6 and cfg.rl.episodes_per_epoch == 500
+    assert cfg.curriculum.promote_above == 0.75 and cfg.curriculum.demote_below == 0.40
+
+
+def test_every_base_key_has_a_comment():
+    lines = open(BASE).read().splitlines()
+    assigns = [ln for ln in lines if ln.strip().startswith("c.") and " = " in ln]
+    missing = [
+        ln for ln in assigns if "#" not in ln and "ConfigDict()" not in ln and "lock" not in ln
+    ]
+    assert not missing, missing
+
+
+def test_overrides_are_typed():
+    cfg = load_config(
+        BASE,
+        [
+            "--config.rl.learning_rate=3e-4",
+            "rl.ppo_epochs=4",
+            "--config.algo.grpo_std_normalize=false",
+            "--config.rollout.stop_strings=('\\n', '.')",
+            "--config.env.name=w4-o6-q8",
+            "--config.rl.learning_rate=1",  # int accepted for a float field
+        ],
+    )
+    assert cfg.rl.learning_rate == 1.0 and isinstance(cfg.rl.learning_rate, float)
+    assert cfg.rl.ppo_epochs == 4
+    assert cfg.algo.grpo_std_normalize is False
+    assert cfg.rollout.stop_strings == ("\n", ".")
+    assert cfg.env.name == "w4-o6-q8"
+
+
+@pytest.mark.parametrize(
+    "override, needle",
+    [
+        ("--config.rl.learnin_rate=1e-3", "rl.learnin_rate"),
+        ("--config.nosection.x=1", "nosection"),
+        ("--config.rl.ppo_epochs=two", "rl.ppo_epochs"),
+        ("--config.rl.ppo_epochs=1.5", "rl.ppo_epochs"),
+        ("--config.sft.enabled=maybe", "sft.enabled"),
+        ("--config.rl=3", "rl"),
+        ("--config.rl.ppo_epochs", "key=value"),
+    ],
+)
+def test_bad_overrides_name_the_key(override, needle):
+    cfg = load_config(BASE)
+    with pytest.raises(ConfigError, match=needle.replace(".", r"\.")):
+        apply_override(cfg, override)
+
+
+def test_choices_are_checked():
+    with pytest.raises(ConfigError, match="algo.estimator.*allowed"):
+        load_config(BASE, ["--config.algo.estimator=ppo2"])
+    with pytest.raises(ConfigError, match="algo.gamma"):
+        load_config(BASE, ["--config.algo.gamma=1.5"])
+    cfg = base.get_config()
+    for key in CHOICES:
+        section, leaf = key.split(".")
+        assert leaf in cfg[section], f"CHOICES names {key!r}, which base.py lacks"
+    validate(cfg)
+
+
+def test_missing_file_and_bad_files(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(str(tmp_path / "nope.py"))
+    (tmp_path / "noget.py").write_text("x = 1\n")
+    with pytest.raises(ConfigError, match="get_config"):
+        load_config(str(tmp_path / "noget.py"))
+    (tmp_path / "typo.py").write_text(
+        "from configs.base import get_config as base\n"
+        "def get_config():\n"
+        "    c = base()\n"
+        "    c.rl.learnng_rate = 1.0\n"
+        "    return c\n"
+    )
+    with pytest.raises((ConfigError, AttributeError), match="learnng_rate"):
+        load_config(str(tmp_path / "typo.py"))
+
+
+def test_experiment_file_overrides_base(tmp_path):
+    (tmp_path / "exp.py").write_text(
+        "from configs.base import get_config as base\n"
+        "def get_config():\n"
+        "    c = base()\n"
+        "    c.rl.ppo_epochs = 7\n"
+        "    return c\n"
+    )
+    cfg = load_config(str(tmp_path / "exp.py"), ["--config.rl.minibatch_size=8"])
+    assert cfg.rl.ppo_epochs == 7 and cfg.rl.minibatch_size == 8
+    assert isinstance(cfg, ml_collections.ConfigDict)
+
+
+def test_split_config_args():
+    path, overrides, rest = split_config_args(
+        ["--config", "a.py", "--config.rl.lr_schedule", "linear", "--config.seed=3", "--resume"]
+    )
+    assert path == "a.py"
+    assert overrides == ["--config.rl.lr_schedule=linear", "--config.seed=3"]
+    assert rest == ["--resume"]
+    assert split_config_args(["--config=b.py"])[0] == "b.py"
