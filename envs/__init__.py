@@ -23,6 +23,7 @@ FAMILIES: dict[str, str] = {
     "textworld": "envs.textworld_env:make_env",
     "alfworld": "envs.alfworld_env:make_env",
     "code": "envs.code_env:make_env",
+    "toy": "envs.toy_env:make_env",
 }
 
 
