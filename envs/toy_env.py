@@ -257,12 +257,13 @@ class ToyEnv:
         return "Guessing", items, f"find the hidden number between 1 and {self.spec['n']}"
 
     def _admissible(self) -> list[str]:
-        """A few plausible answers (a window around the right one), for random-policy tests."""
+        """A few plausible answers (a window around the best one), for random-policy tests."""
         if self.spec["task"] == "count":
             center = self._expected()
             return [str(v) for v in range(max(center - 2, 0), center + 3)]
         low, high = self.low, max(self.high, self.low)
-        return [str(v) for v in range(low, min(high, low + MAX_ADMISSIBLE - 1) + 1)]
+        first = max(low, (low + high) // 2 - MAX_ADMISSIBLE // 2)
+        return [str(v) for v in range(first, min(high, first + MAX_ADMISSIBLE - 1) + 1)]
 
     def _result(self, reward: float, feedback: str, invalid: bool) -> StepResult:
         room, items, goal = self._state()
