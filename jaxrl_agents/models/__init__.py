@@ -2,5 +2,7 @@
 
 from jaxrl_agents.models.config import ModelConfig
 from jaxrl_agents.models.transformer import KVCache, Transformer, count_params
+from jaxrl_agents.models.value import ActorCritic, Critic, ValueHead, build_actor_critic
 
-__all__ = ["KVCache", "ModelConfig", "Transformer", "count_params"]
+__all__ = ["ActorCritic", "Critic", "KVCache", "ModelConfig", "Transformer", "ValueHead",
+           "build_actor_critic", "count_params"]

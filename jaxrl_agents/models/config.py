@@ -16,6 +16,8 @@ import jax.numpy as jnp
 SUPPORTED_ARCHITECTURES = ("Qwen2ForCausalLM", "LlamaForCausalLM")
 _MODEL_TYPES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+# "dots" keeps matmul outputs and recomputes the rest (jax.checkpoint_policies).
+REMAT_MODES = ("none", "full", "dots")
 # Keys of the `model` config section that are not ModelConfig fields.
 CONFIG_ONLY_KEYS = ("hf_path", "critic")
 
@@ -36,13 +38,17 @@ class ModelConfig:
     max_position_embeddings: int = 2048
     dtype: str = "float32"  # activations: "float32" | "bfloat16"
     param_dtype: str = "float32"  # stored weights: "float32" | "bfloat16"
-    remat: bool = False  # recompute each layer in the backward pass
+    remat: str = "none"  # per-layer recompute in backward: "none" | "full" | "dots"
     scan_layers: bool = False  # stack layers and run them with lax.scan
     bos_token_id: int | None = None
     eos_token_id: int | None = None
     pad_token_id: int | None = None
 
     def __post_init__(self):
+        if isinstance(self.remat, bool):  # accept True / False as "full" / "none"
+            object.__setattr__(self, "remat", "full" if self.remat else "none")
+        if self.remat not in REMAT_MODES:
+            raise ValueError(f"ModelConfig.remat={self.remat!r}; allowed: {list(REMAT_MODES)}")
         positive = ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
                     "num_heads", "num_kv_heads", "head_dim", "max_position_embeddings")
         for name in positive:

@@ -283,7 +283,7 @@ class Transformer(nnx.Module):
         cfg = self.config
         x = self.embed_tokens[...][input_ids].astype(cfg.jnp_dtype)  # (B, T, D)
         cos, sin = rope_tables(positions, cfg.head_dim, cfg.rope_theta)
-        run = jax.checkpoint(_run_block, static_argnums=(0,)) if cfg.remat else _run_block
+        run = _remat(_run_block, cfg.remat)
         if cfg.scan_layers:
             return self._scan_layers(run, x, cos, sin, mask, cache, cache_index)
         new_k, new_v = [], []
@@ -309,6 +309,14 @@ class Transformer(nnx.Module):
         kv_stack = None if cache is None else (cache.k, cache.v)
         x, kv_stack = jax.lax.scan(body, x, (state, kv_stack))
         return x, (None if cache is None else KVCache(*kv_stack))
+
+
+def _remat(fn, mode: str):
+    """fn unchanged ("none"), fully recomputed ("full"), or keeping matmul outputs ("dots")."""
+    if mode == "none":
+        return fn
+    policy = jax.checkpoint_policies.checkpoint_dots if mode == "dots" else None
+    return jax.checkpoint(fn, static_argnums=(0,), policy=policy)
 
 
 def _stacked_blocks(cfg: ModelConfig, rngs: nnx.Rngs) -> Block:

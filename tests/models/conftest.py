@@ -1,33 +1,8 @@
-"""Tiny random Hugging Face checkpoints and padded batches for the model tests."""
+"""Fixtures of the model tests."""
 
-import numpy as np
 import pytest
-import torch
-import transformers
 
-
-def make_hf_model(arch="qwen2", *, tie=True, heads=4, kv_heads=2, theta=10000.0, hidden=32,
-                  layers=2, vocab=97, head_dim=None, seed=0):
-    """A random transformers Qwen2/Llama causal LM; weights drawn with std 0.1 so that
-    every term (biases and norm scales included) matters in the logits."""
-    kwargs = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden + 8,
-                  num_hidden_layers=layers, num_attention_heads=heads,
-                  num_key_value_heads=kv_heads, tie_word_embeddings=tie,
-                  max_position_embeddings=128, rms_norm_eps=1e-6,
-                  rope_parameters={"rope_type": "default", "rope_theta": theta})
-    if head_dim is not None:
-        kwargs["head_dim"] = head_dim
-    if arch == "qwen2":
-        config, cls = transformers.Qwen2Config(**kwargs), transformers.Qwen2ForCausalLM
-    else:
-        config, cls = transformers.LlamaConfig(**kwargs), transformers.LlamaForCausalLM
-    torch.manual_seed(seed)
-    model = cls(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = 0.1 * torch.randn_like(p)
-            p.copy_(1.0 + noise if "norm" in name else noise)
-    return model
+from tests.models.hf_helpers import make_hf_model
 
 
 @pytest.fixture
@@ -42,22 +17,3 @@ def hf_checkpoint(tmp_path):
         return str(path), model
 
     return make
-
-
-def padded_batch(vocab, seed=0, batch=3, length=7):
-    """ids [B, T] int32 and mask [B, T]: row 0 full, row 1 right-padded, row 2 left-padded."""
-    rng = np.random.default_rng(seed)
-    ids = rng.integers(1, vocab, size=(batch, length)).astype(np.int32)
-    mask = np.ones((batch, length), np.int32)
-    mask[1, length - 3:] = 0
-    mask[2, :2] = 0
-    ids[mask == 0] = 0
-    return ids, mask
-
-
-def torch_logits(model, ids, mask, positions):
-    with torch.no_grad():
-        out = model(input_ids=torch.tensor(ids, dtype=torch.long),
-                    attention_mask=torch.tensor(mask, dtype=torch.long),
-                    position_ids=torch.tensor(np.asarray(positions), dtype=torch.long))
-    return out.logits.float().numpy()

@@ -6,10 +6,10 @@ import os
 import numpy as np
 import pytest
 import transformers
-from conftest import padded_batch, torch_logits
 
 from jaxrl_agents.models import hf_io
 from jaxrl_agents.models.transformer import default_positions
+from tests.models.hf_helpers import padded_batch, torch_logits
 
 CASES = [
     dict(arch="qwen2", tie=True, heads=4, kv_heads=2, theta=10000.0),

@@ -1,0 +1,81 @@
+"""The critic: a scalar value per token, on the policy trunk or on its own copy.
+
+`build_actor_critic(policy, kind, rngs=...)` returns an `ActorCritic` module with
+`.policy` (the Transformer) and `.critic` (a `Critic`):
+
+- kind "head": the critic reads the policy's own hidden states (one shared trunk;
+  value-loss gradients reach the policy's weights). Keep policy and critic in
+  the one `ActorCritic` module so the trunk stays one shared object.
+- kind "separate": the critic's trunk is a copy of the policy, initialised from
+  its weights and trained on its own.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxrl_agents.models.transformer import Transformer
+
+CRITIC_KINDS = ("head", "separate")
+
+
+class ValueHead(nnx.Module):
+    """values[b, t] = hidden[b, t] . w + bias, in float32. w starts at zero."""
+
+    def __init__(self, hidden_size: int, *, rngs: nnx.Rngs | None = None):
+        del rngs  # zero init: the first values are 0 whatever the trunk says
+        self.weight = nnx.Param(jnp.zeros((hidden_size,), jnp.float32), out_sharding=("embed",),
+                                eager_sharding=False)
+        self.bias = nnx.Param(jnp.zeros((), jnp.float32), out_sharding=(), eager_sharding=False)
+
+    def __call__(self, hidden_btd):
+        """[B, T, D] -> [B, T] float32."""
+        h = hidden_btd.astype(jnp.float32)
+        return jnp.einsum("btd,d->bt", h, self.weight[...]) + self.bias[...]
+
+
+class Critic(nnx.Module):
+    """`critic(input_ids, positions=None, attention_mask=None) -> values [B, T]`."""
+
+    def __init__(self, trunk: Transformer, head: ValueHead):
+        self.trunk = trunk
+        self.head = head
+
+    def __call__(self, input_ids, positions=None, attention_mask=None):
+        return self.head(self.trunk.hidden_states(input_ids, positions, attention_mask))
+
+
+class ActorCritic(nnx.Module):
+    """Policy and critic in one module; `kind` says whether they share the trunk."""
+
+    def __init__(self, policy: Transformer, critic: Critic, kind: str):
+        self.policy = policy
+        self.critic = critic
+        self.kind = kind
+
+    def __call__(self, input_ids, positions=None, attention_mask=None):
+        """Policy logits [B, T, V] float32."""
+        return self.policy(input_ids, positions, attention_mask)
+
+    def values(self, input_ids, positions=None, attention_mask=None):
+        """Critic values [B, T] float32."""
+        return self.critic(input_ids, positions, attention_mask)
+
+    def logits_and_values(self, input_ids, positions=None, attention_mask=None):
+        """(logits [B, T, V], values [B, T]); one trunk pass when the trunk is shared."""
+        if self.kind == "head":
+            hidden = self.policy.hidden_states(input_ids, positions, attention_mask)
+            return self.policy.logits(hidden), self.critic.head(hidden)
+        return (self.policy(input_ids, positions, attention_mask),
+                self.critic(input_ids, positions, attention_mask))
+
+
+def build_actor_critic(policy: Transformer, kind: str, *, rngs: nnx.Rngs | None = None
+                       ) -> ActorCritic:
+    """Wrap `policy` with a critic of `kind` ("head" | "separate")."""
+    if kind not in CRITIC_KINDS:
+        raise ValueError(f"critic kind {kind!r}; allowed: {list(CRITIC_KINDS)}")
+    head = ValueHead(policy.config.hidden_size, rngs=rngs)
+    trunk = policy if kind == "head" else nnx.clone(policy)
+    return ActorCritic(policy, Critic(trunk, head), kind)

@@ -1,0 +1,136 @@
+"""Decoder behaviour: padding invariance, KV cache, remat / scan gradients, bf16, config."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxrl_agents.models import ModelConfig, Transformer, hf_io
+from jaxrl_agents.models.transformer import default_positions
+from tests.models.hf_helpers import padded_batch
+
+TINY = ModelConfig(vocab_size=61, hidden_size=32, intermediate_size=48, num_layers=2,
+                   num_heads=4, num_kv_heads=2, head_dim=8, qkv_bias=True, tie_embeddings=False)
+
+
+def _model(cfg=TINY, seed=0):
+    return Transformer(cfg, rngs=nnx.Rngs(seed))
+
+
+def test_left_and_right_padding_give_same_logits():
+    model = _model()
+    rng = np.random.default_rng(0)
+    real = rng.integers(1, TINY.vocab_size, size=(2, 5)).astype(np.int32)
+    pad = np.zeros((2, 3), np.int32)
+    right_ids, left_ids = np.concatenate([real, pad], 1), np.concatenate([pad, real], 1)
+    right_mask = np.concatenate([np.ones_like(real), pad], 1)
+    left_mask = np.concatenate([pad, np.ones_like(real)], 1)
+    right = model(right_ids, attention_mask=right_mask)
+    left = model(left_ids, attention_mask=left_mask)
+    np.testing.assert_allclose(right[:, :5], left[:, 3:], atol=1e-5)
+    unpadded = model(real)
+    np.testing.assert_allclose(unpadded, left[:, 3:], atol=1e-5)
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_prefill_then_decode_matches_full_forward(scan):
+    model = _model(TINY.replace(scan_layers=scan))
+    ids, mask = padded_batch(TINY.vocab_size, seed=3, batch=3, length=9)
+    ids, mask = ids[:2], mask[:2]
+    mask[1] = [0, 0, 1, 1, 1, 1, 1, 1, 1]  # row 1 left-padded, row 0 full
+    ids[mask == 0] = 0
+    positions = default_positions(mask)
+    full = model(ids, positions, mask)
+
+    prompt, max_len = 4, 12
+    cache = model.init_cache(batch=2, max_len=max_len)
+    assert cache.k.shape == (TINY.num_layers, 2, max_len, TINY.num_kv_heads, TINY.head_dim)
+    cache_mask = np.zeros((2, max_len), bool)
+    cache_mask[:, :prompt] = mask[:, :prompt]
+    step = jax.jit(model.forward_with_cache)
+    logits, cache = step(ids[:, :prompt], positions[:, :prompt], cache, 0, cache_mask)
+    pieces = [logits]
+    for t in range(prompt, ids.shape[1]):
+        cache_mask[:, t] = True
+        logits, cache = step(ids[:, t:t + 1], positions[:, t:t + 1], cache, t, cache_mask)
+        pieces.append(logits)
+    stepped = np.concatenate(pieces, axis=1)
+    real = mask.astype(bool)
+    np.testing.assert_allclose(stepped[real], np.asarray(full)[real], atol=1e-5)
+
+
+def _loss(model, ids, mask):
+    logits = model(ids, attention_mask=mask)
+    logp = jax.nn.log_softmax(logits)
+    targets = jnp.roll(ids, -1, axis=1)
+    picked = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+    return -(picked * mask).sum() / mask.sum()
+
+
+def _grads_by_name(model, ids, mask):
+    grads = nnx.grad(_loss)(model, ids, mask)
+    as_module = nnx.merge(nnx.graphdef(model), grads, nnx.state(model, nnx.Not(nnx.Param)))
+    return {k: np.asarray(v) for k, v in hf_io.export_tensors(as_module).items()}
+
+
+@pytest.mark.parametrize("options", [dict(remat="full"), dict(remat="dots"),
+                                     dict(scan_layers=True),
+                                     dict(scan_layers=True, remat="full")], ids=str)
+def test_remat_and_scan_give_same_gradients(tmp_path, options):
+    plain = _model()
+    path = hf_io.save(plain, plain.config, str(tmp_path / "ckpt"))
+    other, config = hf_io.load(path, **options)
+    for key, value in options.items():
+        assert getattr(config, key) == value
+    ids, mask = padded_batch(TINY.vocab_size, seed=4)
+    want = _grads_by_name(plain, ids, mask)
+    got = _grads_by_name(other, ids, mask)
+    assert want.keys() == got.keys()
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], atol=1e-6, err_msg=name)
+
+
+def test_bfloat16_forward_stays_close(tmp_path):
+    plain = _model()
+    path = hf_io.save(plain, plain.config, str(tmp_path / "ckpt"))
+    bf16, config = hf_io.load(path, dtype="bfloat16")
+    assert bf16.embed_tokens[...].dtype == jnp.bfloat16
+    ids, mask = padded_batch(TINY.vocab_size, seed=5)
+    want = np.asarray(plain(ids, attention_mask=mask))
+    got = bf16(ids, attention_mask=mask)
+    assert got.dtype == jnp.float32 and np.isfinite(np.asarray(got)).all()
+    real = mask.astype(bool)
+    err = np.abs(np.asarray(got)[real] - want[real]).max()
+    assert err <= 0.05 * np.abs(want[real]).max() + 1e-2, err
+
+
+def test_hidden_states_shape_and_dtype():
+    model = _model(TINY.replace(dtype="bfloat16"))
+    hidden = model.hidden_states(jnp.ones((2, 3), jnp.int32))
+    assert hidden.shape == (2, 3, TINY.hidden_size) and hidden.dtype == jnp.bfloat16
+
+
+def test_config_errors_name_the_field():
+    with pytest.raises(ValueError, match="dtype.*float16.*allowed"):
+        TINY.replace(dtype="float16")
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        TINY.replace(num_kv_heads=3)
+    with pytest.raises(ValueError, match="remat"):
+        TINY.replace(remat="sometimes")
+    with pytest.raises(ValueError, match="hidden_sise"):
+        ModelConfig.from_config({"hidden_sise": 3})
+
+
+def test_from_config_accepts_the_config_section():
+    import ml_collections
+
+    section = ml_collections.ConfigDict({
+        "hf_path": "", "critic": "head", "vocab_size": 61, "hidden_size": 32,
+        "intermediate_size": 48, "num_layers": 1, "num_heads": 4, "num_kv_heads": 1,
+        "head_dim": 8, "rope_theta": 10000.0, "rms_norm_eps": 1e-6, "tie_embeddings": True,
+        "qkv_bias": False, "max_position_embeddings": 64, "dtype": "float32",
+        "param_dtype": "float32", "remat": "none", "scan_layers": False})
+    cfg = ModelConfig.from_config(section)
+    assert cfg.num_kv_heads == 1 and cfg.architecture == "LlamaForCausalLM"
+    assert _model(cfg)(jnp.ones((1, 4), jnp.int32)).shape == (1, 4, 61)
