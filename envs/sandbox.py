@@ -1,0 +1,356 @@
+"""Running untrusted (model-written) code in a throw-away directory.
+
+`Sandbox(path).run(argv)` starts `argv` in `path` as a subprocess with
+
+- resource limits: CPU seconds, address space (RLIMIT_AS), file size, open files,
+  process count, no core dumps;
+- a wall-clock timeout that kills the whole process group (and, in the "full" mode,
+  the whole PID namespace);
+- an environment holding only PATH, HOME, TMPDIR, LANG and a few PYTHON* switches, so
+  none of the host's variables (tokens, keys) reach the code;
+- and, depending on what the machine allows (probed once per process, see
+  `isolation_mode()`):
+  * "full" (running as root): new mount, network, PID, IPC and UTS namespaces; every
+    mount is remounted read-only except the sandbox directory; directories the
+    interpreter lives in that other users cannot enter (e.g. /root/.pyenv) are exposed
+    read-only on a tmpfs that hides the rest of them; then the process drops to an
+    unprivileged uid/gid (no capabilities, `no_new_privs`). The network namespace has
+    only a down loopback, so every connect fails with "Network is unreachable".
+  * "userns" (not root, unprivileged user namespaces allowed): a user + network
+    namespace, so no network; file writes are limited by the caller's own permissions.
+  * "rlimits" (neither works): resource limits, environment stripping and timeouts
+    only. The network is NOT isolated; a warning is logged when this mode is chosen.
+
+Set JAXRL_SANDBOX_MODE to one of the three names to force a weaker mode (tests, debugging).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import functools
+import logging
+import os
+import resource
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+MODES = ("full", "userns", "rlimits")
+
+# Linux constants (sched.h, sys/mount.h, sys/prctl.h); Python 3.11 has no os.unshare.
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC = 1, 2, 4, 32, 4096, 16384
+MS_PRIVATE = 1 << 18
+PR_SET_NO_NEW_PRIVS = 38
+
+# Runs as the sandbox's first process in "full" mode: its child is PID 1 of the new PID
+# namespace, so when that child ends (or this shim is killed: PDEATHSIG) the kernel kills
+# every process left in the namespace, fork bombs included.
+_PID1_SHIM = (
+    "import ctypes, os, sys\n"
+    "pid = os.fork()\n"
+    "if pid == 0:\n"
+    "    ctypes.CDLL(None).prctl(1, 9)\n"  # PR_SET_PDEATHSIG, SIGKILL
+    "    os.execvp(sys.argv[1], sys.argv[1:])\n"
+    "_, status = os.waitpid(pid, 0)\n"
+    "code = os.waitstatus_to_exitcode(status)\n"
+    "sys.exit(code if code >= 0 else 128 - code)\n"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """Per-run resource limits (each process gets them; processes counts the whole uid)."""
+
+    cpu_seconds: int = 20
+    memory_bytes: int = 768 << 20
+    file_size_bytes: int = 16 << 20
+    open_files: int = 256
+    processes: int = 32
+    wall_seconds: float = 30.0
+    output_chars: int = 20_000
+
+
+@dataclasses.dataclass
+class RunResult:
+    """What a sandboxed command did. returncode is None when it was killed on timeout."""
+
+    returncode: int | None
+    stdout: str
+    stderr: str
+    timed_out: bool
+    mode: str
+    error: str = ""
+
+    @property
+    def output(self) -> str:
+        return (self.stdout + ("\n" + self.stderr if self.stderr.strip() else "")).strip()
+
+
+def _sandbox_uid() -> int:
+    """One unprivileged uid per host process, so RLIMIT_NPROC (per uid) is not shared
+    between the sandboxes of parallel env workers. No passwd entry is needed."""
+    return 100_000 + os.getpid() % 100_000
+
+
+class _Libc:
+    def __init__(self):
+        self.lib = ctypes.CDLL(None, use_errno=True)
+
+    def _check(self, ret: int, what: str) -> None:
+        if ret != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"{what}: {os.strerror(err)}")
+
+    def unshare(self, flags: int) -> None:
+        self._check(self.lib.unshare(ctypes.c_int(flags)), "unshare")
+
+    def mount(self, src: str | None, target: str, fstype: str | None, flags: int,
+              data: str | None = None) -> None:
+        enc = lambda s: None if s is None else s.encode()
+        ret = self.lib.mount(enc(src), enc(target), enc(fstype), ctypes.c_ulong(flags),
+                             enc(data))
+        self._check(ret, f"mount {target}")
+
+    def no_new_privs(self) -> None:
+        self._check(self.lib.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl")
+
+
+def _mount_points() -> list[str]:
+    points = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            raw = line.split()[4]
+            # mountinfo escapes space, tab, newline and backslash as octal (\040 ...)
+            points.append(raw.encode().decode("unicode_escape"))
+    return points
+
+
+def _hidden_ancestor(path: str) -> str | None:
+    """The first directory on `path` that other users may not enter, if any."""
+    current = Path("/")
+    for part in Path(path).parts[1:]:
+        try:
+            if not current.stat().st_mode & stat.S_IXOTH:
+                return str(current)
+        except OSError:
+            return None
+        current = current / part
+    return None
+
+
+def _interpreter_exposures() -> dict[str, list[str]]:
+    """{hidden ancestor: [paths below it the sandboxed interpreter needs]}."""
+    needed = {os.path.realpath(p) for p in (sys.base_prefix, sys.prefix,
+                                            os.path.dirname(os.path.realpath(sys.executable)))}
+    out: dict[str, list[str]] = {}
+    for path in sorted(needed):
+        top = _hidden_ancestor(path)
+        if top is not None and not any(path.startswith(p + "/") for p in out.get(top, [])):
+            out.setdefault(top, []).append(path)
+    return out
+
+
+def _preexec(mode: str, root: str, limits: Limits, uid: int, exposures: dict) -> None:
+    """Runs in the child between fork and exec (as the caller's user)."""
+    libc = _Libc()
+    if mode == "full":
+        libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS)
+        libc.mount("none", "/", None, MS_REC | MS_PRIVATE)
+        libc.mount(root, root, None, MS_BIND | MS_REC)
+        for point in _mount_points():
+            if point != root:
+                try:
+                    libc.mount(None, point, None, MS_REMOUNT | MS_BIND | MS_RDONLY)
+                except OSError:
+                    pass  # e.g. a mount that is already read-only with locked flags
+        for top, paths in exposures.items():
+            fds = [os.open(p, os.O_PATH) for p in paths]
+            libc.mount("tmpfs", top, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=64k")
+            for path, fd in zip(paths, fds):
+                os.makedirs(path, exist_ok=True)
+                libc.mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
+                libc.mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY)
+                os.close(fd)
+            libc.mount(None, top, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+        os.chdir(root)  # the cwd inherited from fork points below the read-only mount
+    elif mode == "userns":
+        libc.unshare(CLONE_NEWUSER | CLONE_NEWNET)
+    _set_limits(limits)
+    if mode == "full":
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)
+        libc.no_new_privs()
+
+
+def _set_limits(limits: Limits) -> None:
+    cpu = int(limits.cpu_seconds)
+    for res, value in (
+        (resource.RLIMIT_CPU, (cpu, cpu + 1)),
+        (resource.RLIMIT_AS, (limits.memory_bytes,) * 2),
+        (resource.RLIMIT_FSIZE, (limits.file_size_bytes,) * 2),
+        (resource.RLIMIT_NOFILE, (limits.open_files,) * 2),
+        (resource.RLIMIT_NPROC, (limits.processes,) * 2),
+        (resource.RLIMIT_CORE, (0, 0)),
+    ):
+        resource.setrlimit(res, value)
+
+
+def _clean_env(root: str) -> dict[str, str]:
+    bindir = os.path.dirname(sys.executable)
+    return {
+        "PATH": f"{bindir}:/usr/local/bin:/usr/bin:/bin",
+        "HOME": root,
+        "TMPDIR": os.path.join(root, ".tmp"),
+        "LANG": "C.UTF-8",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONHASHSEED": "0",
+        "PYTHONNOUSERSITE": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def _read_bounded(path: str, limit: int) -> str:
+    with open(path, "rb") as f:
+        data = f.read(limit * 4 + 1)
+    text = data.decode("utf-8", errors="replace")
+    if len(text) > limit:
+        text = text[:limit] + f"\n... [output cut at {limit} characters]"
+    return text
+
+
+def _execute(argv: list[str], root: str, limits: Limits, mode: str,
+             wall_seconds: float) -> RunResult:
+    uid = _sandbox_uid()
+    exposures = _interpreter_exposures() if mode == "full" else {}
+    if mode == "full":
+        argv = [sys.executable, "-I", "-S", "-c", _PID1_SHIM, *argv]
+        _chown_tree(root, uid)
+    os.makedirs(os.path.join(root, ".tmp"), exist_ok=True)
+    if mode == "full":
+        os.chown(os.path.join(root, ".tmp"), uid, uid)
+    with tempfile.TemporaryDirectory(prefix="sandbox_io_") as io_dir:
+        out_path, err_path = os.path.join(io_dir, "out"), os.path.join(io_dir, "err")
+        with open(out_path, "wb") as out, open(err_path, "wb") as err:
+            try:
+                proc = subprocess.Popen(
+                    argv, cwd=root, env=_clean_env(root), stdin=subprocess.DEVNULL,
+                    stdout=out, stderr=err, start_new_session=True, close_fds=True,
+                    preexec_fn=lambda: _preexec(mode, root, limits, uid, exposures),
+                )
+            except (OSError, subprocess.SubprocessError) as exc:
+                return RunResult(None, "", "", False, mode, error=f"could not start: {exc}")
+            timed_out = False
+            try:
+                proc.wait(timeout=wall_seconds)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+            _kill_group(proc.pid)
+            if timed_out:
+                proc.wait()
+        stdout = _read_bounded(out_path, limits.output_chars)
+        stderr = _read_bounded(err_path, limits.output_chars)
+    return RunResult(None if timed_out else proc.returncode, stdout, stderr, timed_out, mode)
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _chown_tree(root: str, uid: int) -> None:
+    os.chown(root, uid, uid)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            os.lchown(os.path.join(dirpath, name), uid, uid)
+
+
+@functools.lru_cache(maxsize=1)
+def isolation_mode() -> str:
+    """The strongest mode that works here (probed once per process by running a child)."""
+    forced = os.environ.get("JAXRL_SANDBOX_MODE")
+    if forced:
+        if forced not in MODES:
+            raise ValueError(f"JAXRL_SANDBOX_MODE={forced!r}; valid: {list(MODES)}")
+        return forced
+    candidates = ["full", "userns"] if os.geteuid() == 0 else ["userns"]
+    for mode in candidates:
+        probe_dir = tempfile.mkdtemp(prefix="sandbox_probe_")
+        try:
+            os.chmod(probe_dir, 0o755)
+            res = _execute([sys.executable, "-I", "-c", "print('ok')"], probe_dir, Limits(),
+                           mode, wall_seconds=30)
+            if res.returncode == 0 and res.stdout.strip() == "ok":
+                log.info("sandbox isolation mode: %s", mode)
+                return mode
+            log.info("sandbox mode %s unavailable: %s", mode, res.error or res.output[-300:])
+        finally:
+            shutil.rmtree(probe_dir, ignore_errors=True)
+    log.warning(
+        "sandbox: no namespaces available; model-written code runs with resource limits, "
+        "a stripped environment and timeouts only (network and file system NOT isolated)"
+    )
+    return "rlimits"
+
+
+class Sandbox:
+    """A per-episode temporary directory in which untrusted commands run.
+
+    files: {relative path: text} written into the directory by `write_files`.
+    The directory is removed by `close()` (also on garbage collection).
+    """
+
+    def __init__(self, limits: Limits | None = None, parent_dir: str | None = None):
+        self.limits = limits or Limits()
+        self.path = tempfile.mkdtemp(prefix="code_env_", dir=parent_dir)
+        os.chmod(self.path, 0o711)  # the unprivileged uid must be able to enter it
+
+    def fresh_dir(self, files: dict[str, str], name: str = "work") -> str:
+        """Replaces `self.path/name` with exactly `files`; returns its path."""
+        target = os.path.join(self.path, name)
+        shutil.rmtree(target, ignore_errors=True)
+        os.makedirs(target)
+        for rel, text in files.items():
+            dest = os.path.join(target, rel)
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            with open(dest, "w", encoding="utf-8") as f:
+                f.write(text)
+        return target
+
+    def run(self, argv: list[str], cwd: str | None = None,
+            wall_seconds: float | None = None) -> RunResult:
+        """Runs argv in `cwd` (a directory inside the sandbox, default its root)."""
+        cwd = os.path.realpath(cwd or self.path)
+        if os.path.commonpath([cwd, os.path.realpath(self.path)]) != os.path.realpath(self.path):
+            raise ValueError(f"cwd {cwd!r} is outside the sandbox {self.path!r}")
+        wall = self.limits.wall_seconds if wall_seconds is None else wall_seconds
+        return _execute(list(argv), cwd, self.limits, isolation_mode(), wall)
+
+    def close(self) -> None:
+        if getattr(self, "path", None):
+            shutil.rmtree(self.path, ignore_errors=True)
+            self.path = ""
+
+    def __del__(self):
+        self.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
