@@ -1,0 +1,47 @@
+"""Pure, jitted maths of multi-turn RL. Arrays are [B, T] unless a docstring says not."""
+
+from jaxrl_agents.kernels.advantages import (
+    ESTIMATORS,
+    NEEDS_CRITIC,
+    broadcast_to_tokens,
+    episode_scores,
+    grpo,
+    reinforce_pp,
+    rloo,
+)
+from jaxrl_agents.kernels.gae import gae, turn_boundaries, turn_gae
+from jaxrl_agents.kernels.kl import kl, kl_per_token
+from jaxrl_agents.kernels.losses import (
+    aggregate,
+    entropy,
+    ppo_policy_loss,
+    token_entropy,
+    token_logprobs,
+    value_loss,
+)
+from jaxrl_agents.kernels.stats import masked_mean, masked_sum, masked_var, masked_whiten
+
+__all__ = [
+    "ESTIMATORS",
+    "NEEDS_CRITIC",
+    "aggregate",
+    "broadcast_to_tokens",
+    "entropy",
+    "episode_scores",
+    "gae",
+    "grpo",
+    "kl",
+    "kl_per_token",
+    "masked_mean",
+    "masked_sum",
+    "masked_var",
+    "masked_whiten",
+    "ppo_policy_loss",
+    "reinforce_pp",
+    "rloo",
+    "token_entropy",
+    "token_logprobs",
+    "turn_boundaries",
+    "turn_gae",
+    "value_loss",
+]

@@ -1,0 +1,97 @@
+"""Advantage estimators without a critic, and the registry of all estimators.
+
+Episode-level estimators (RLOO, GRPO) take one score per episode and the id of the task
+instance it was sampled from; samples that share a `group_id` are compared with each
+other. Their advantages are spread over the episode's action tokens with
+`broadcast_to_tokens`.
+"""
+
+import jax
+import jax.numpy as jnp
+
+from jaxrl_agents.kernels.gae import gae, turn_gae
+from jaxrl_agents.kernels.scan import reverse_linear_recurrence
+from jaxrl_agents.kernels.stats import masked_whiten
+
+
+def _group_matrix(group_ids):
+    """[N] ids -> [N, N] float, 1 where two episodes share a group."""
+    return (group_ids[:, None] == group_ids[None, :]).astype(jnp.float32)
+
+
+@jax.jit
+def rloo(scores, group_ids):
+    """REINFORCE leave-one-out: each score minus the mean of the others in its group.
+
+        A_i = s_i - (sum_{j in g(i)} s_j - s_i) / (n_g - 1)
+
+    Args:
+      scores: [N] float, one per episode (e.g. its total reward).
+      group_ids: [N] int, the task instance each episode was sampled from.
+    Returns:
+      [N] advantages; 0 for an episode alone in its group.
+    """
+    same = _group_matrix(group_ids)
+    n = same.sum(axis=1)
+    others_mean = (same @ scores - scores) / jnp.maximum(n - 1.0, 1.0)
+    return jnp.where(n > 1, scores - others_mean, 0.0)
+
+
+@jax.jit
+def _grpo(scores, group_ids, std_normalize, eps):
+    same = _group_matrix(group_ids)
+    n = same.sum(axis=1)
+    mean = same @ scores / n
+    centred = scores - mean
+    # Sample std over the group (ddof=1), as GRPO implementations use.
+    sq_dev = same * jnp.square(scores[None, :] - mean[:, None])  # [N, N]
+    std = jnp.sqrt(sq_dev.sum(axis=1) / jnp.maximum(n - 1.0, 1.0))
+    normalised = jnp.where(std_normalize, centred / (std + eps), centred)
+    return jnp.where(n > 1, normalised, 0.0)
+
+
+def grpo(scores, group_ids, *, std_normalize=True, eps=1e-6):
+    """Group-relative advantages: (s_i - mean_g) / (std_g + eps), std optional.
+
+    Shapes as in `rloo`; std_g is the sample standard deviation of the group.
+    """
+    return _grpo(scores, group_ids, std_normalize, eps)
+
+
+@jax.jit
+def reinforce_pp(rewards, mask, gamma):
+    """REINFORCE++: per-token discounted returns over action tokens, whitened batch-wide.
+
+        G[t] = r[t] + gamma * G[s']   (s' the next action token),   A = whiten(G)
+
+    Args:
+      rewards: [B, T]; mask: [B, T] action tokens; gamma: scalar.
+    Returns:
+      (advantages [B, T], returns [B, T]), 0 where mask == 0.
+    """
+    mask = mask.astype(rewards.dtype)
+    returns = reverse_linear_recurrence(1.0 - mask + mask * gamma, rewards * mask) * mask
+    return masked_whiten(returns, mask), returns
+
+
+def broadcast_to_tokens(episode_values, mask):
+    """[N] per-episode values -> [N, T] on the episode's action tokens."""
+    return episode_values[:, None] * mask.astype(episode_values.dtype)
+
+
+def episode_scores(rewards, mask=None):
+    """Total reward of each episode: [B, T] -> [B] (rewards sit on action tokens)."""
+    if mask is not None:
+        rewards = rewards * mask
+    return rewards.sum(axis=1)
+
+
+# Name -> needs a critic. The trainer picks the function by name.
+ESTIMATORS = {
+    "gae": gae,
+    "turn_gae": turn_gae,
+    "rloo": rloo,
+    "grpo": grpo,
+    "reinforce_pp": reinforce_pp,
+}
+NEEDS_CRITIC = {"gae": True, "turn_gae": True, "rloo": False, "grpo": False, "reinforce_pp": False}

@@ -1,0 +1,131 @@
+"""Policy, value and entropy losses on action tokens; each returns (loss, metrics).
+
+`mask` is 1 on action tokens. Losses are aggregated by `aggregate`:
+  token-mean:          sum over all action tokens / their number
+  seq-mean-token-sum:  mean over sequences of the per-sequence token sum
+  seq-mean-token-mean: mean over sequences of the per-sequence token mean
+Sequences with no action token (all padding) are left out of sequence means.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from jaxrl_agents.kernels.stats import masked_mean
+
+AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+
+
+def aggregate(per_token, mask, agg="token-mean"):
+    """Reduces a [B, T] per-token loss to a scalar over masked-in tokens."""
+    mask = mask.astype(per_token.dtype)
+    if agg == "token-mean":
+        return masked_mean(per_token, mask)
+    seq_tokens = mask.sum(axis=1)
+    seq_sum = (per_token * mask).sum(axis=1)
+    if agg == "seq-mean-token-sum":
+        per_seq = seq_sum
+    elif agg == "seq-mean-token-mean":
+        per_seq = seq_sum / jnp.maximum(seq_tokens, 1.0)
+    else:
+        raise ValueError(f"unknown loss aggregation {agg!r}; choose from {AGGREGATIONS}")
+    has_tokens = (seq_tokens > 0).astype(per_token.dtype)
+    return masked_mean(per_seq, has_tokens)
+
+
+def token_logprobs(logits, targets):
+    """log softmax(logits)[targets]: [B, T, V], [B, T] int -> [B, T] (float32)."""
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    return jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+
+
+@functools.partial(jax.jit, static_argnames=("agg",))
+def ppo_policy_loss(
+    logp,
+    old_logp,
+    adv,
+    mask,
+    *,
+    clip_eps,
+    clip_eps_high=None,
+    dual_clip=None,
+    agg="token-mean",
+):
+    """PPO-clip surrogate on action tokens.
+
+        ratio = exp(logp - old_logp)
+        L     = max(-A * ratio, -A * clip(ratio, 1 - eps, 1 + eps_high))
+        dual clip (A < 0 only): L = min(L, -A * dual_clip)
+
+    Args:
+      logp, old_logp, adv, mask: [B, T].
+      clip_eps: lower clip range; clip_eps_high: upper range (None = clip_eps).
+      dual_clip: constant c > 1 of dual-clip PPO (None = off).
+    Returns:
+      (loss scalar, metrics: clip_frac, dual_clip_frac, approx_kl, ratio_mean, ratio_max).
+    """
+    mask = mask.astype(logp.dtype)
+    high = clip_eps if clip_eps_high is None else clip_eps_high
+    log_ratio = (logp - old_logp) * mask
+    ratio = jnp.exp(log_ratio)
+    unclipped = -adv * ratio
+    clipped = -adv * jnp.clip(ratio, 1.0 - clip_eps, 1.0 + high)
+    per_token = jnp.maximum(unclipped, clipped)
+    metrics = {"clip_frac": masked_mean((clipped > unclipped).astype(logp.dtype), mask)}
+    if dual_clip is not None:
+        capped = jnp.minimum(per_token, -adv * dual_clip)
+        dual_active = (adv < 0) & (capped < per_token)
+        per_token = jnp.where(adv < 0, capped, per_token)
+        metrics["dual_clip_frac"] = masked_mean(dual_active.astype(logp.dtype), mask)
+    metrics["approx_kl"] = masked_mean(ratio - 1.0 - log_ratio, mask)  # k3 of new vs old
+    metrics["ratio_mean"] = masked_mean(ratio, mask)
+    metrics["ratio_max"] = jnp.max(jnp.where(mask > 0, ratio, 0.0))
+    return aggregate(per_token, mask, agg), metrics
+
+
+@functools.partial(jax.jit, static_argnames=("clip", "agg"))
+def value_loss(values, old_values, returns, mask, *, clip, agg="token-mean"):
+    """Clipped value loss: 0.5 * max((V - R)^2, (V_clip - R)^2).
+
+        V_clip = old_V + clip(V - old_V, -clip, clip);   clip=None (or 0) turns clipping off.
+
+    Args: values, old_values, returns, mask: [B, T].
+    Returns: (loss, metrics: value_clip_frac, value_mean, explained_var).
+    """
+    mask = mask.astype(values.dtype)
+    err = jnp.square(values - returns)
+    if clip:
+        v_clip = old_values + jnp.clip(values - old_values, -clip, clip)
+        err_clip = jnp.square(v_clip - returns)
+        per_token = 0.5 * jnp.maximum(err, err_clip)
+        clip_frac = masked_mean((err_clip > err).astype(values.dtype), mask)
+    else:
+        per_token = 0.5 * err
+        clip_frac = jnp.zeros((), values.dtype)
+    resid_var = masked_mean(
+        jnp.square(returns - values - masked_mean(returns - values, mask)), mask
+    )
+    ret_var = masked_mean(jnp.square(returns - masked_mean(returns, mask)), mask)
+    metrics = {
+        "value_clip_frac": clip_frac,
+        "value_mean": masked_mean(values, mask),
+        "explained_var": 1.0 - resid_var / jnp.maximum(ret_var, 1e-8),
+    }
+    return aggregate(per_token, mask, agg), metrics
+
+
+def token_entropy(logits):
+    """Entropy of the softmax at every position: [B, T, V] -> [B, T] (float32)."""
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    return -jnp.sum(jnp.exp(logp) * logp, axis=-1)
+
+
+@functools.partial(jax.jit, static_argnames=("agg",))
+def entropy(logits, mask, agg="token-mean"):
+    """Mean policy entropy over action tokens: ([B, T, V], [B, T]) -> (scalar, metrics).
+
+    The caller subtracts coef * entropy from its loss to reward exploration.
+    """
+    ent = aggregate(token_entropy(logits), mask, agg)
+    return ent, {"entropy": ent}

@@ -1,0 +1,131 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxrl_agents import kernels
+from tests.kernels import references as ref
+
+AGGS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+
+
+def _policy_inputs(seed):
+    rewards, values, mask, _ = ref.random_batch(seed)
+    rng = np.random.default_rng(seed + 100)
+    old_logp = -rng.uniform(0.1, 3.0, size=mask.shape).astype(np.float32)
+    logp = old_logp + rng.normal(scale=0.3, size=mask.shape).astype(np.float32)
+    adv = rng.normal(size=mask.shape).astype(np.float32)
+    return logp, old_logp, adv, mask
+
+
+@pytest.mark.parametrize("agg", AGGS)
+@pytest.mark.parametrize(
+    "clip_high, dual_clip", [(None, None), (0.28, None), (None, 3.0), (0.28, 2.0)]
+)
+def test_ppo_policy_loss_matches_loop(agg, clip_high, dual_clip):
+    logp, old_logp, adv, mask = _policy_inputs(0)
+    loss, metrics = kernels.ppo_policy_loss(
+        logp,
+        old_logp,
+        adv,
+        mask,
+        clip_eps=0.2,
+        clip_eps_high=clip_high,
+        dual_clip=dual_clip,
+        agg=agg,
+    )
+    per_token = ref.ppo_per_token(logp, old_logp, adv, 0.2, clip_high, dual_clip)
+    assert float(loss) == pytest.approx(ref.aggregate(per_token, mask, agg), rel=1e-5, abs=1e-6)
+    ratio = np.exp(logp - old_logp)
+    high = 0.2 if clip_high is None else clip_high
+    clipped = (-adv * np.clip(ratio, 0.8, 1 + high)) > (-adv * ratio)
+    assert float(metrics["clip_frac"]) == pytest.approx((clipped * mask).sum() / mask.sum())
+    assert float(metrics["approx_kl"]) >= 0.0
+
+
+def test_ppo_ratio_one_gives_minus_mean_advantage():
+    _, old_logp, adv, mask = _policy_inputs(1)
+    loss, metrics = kernels.ppo_policy_loss(old_logp, old_logp, adv, mask, clip_eps=0.2)
+    assert float(loss) == pytest.approx(-(adv * mask).sum() / mask.sum(), rel=1e-5)
+    assert float(metrics["clip_frac"]) == 0.0
+
+
+@pytest.mark.parametrize("clip", [None, 0.2])
+@pytest.mark.parametrize("agg", AGGS)
+def test_value_loss_matches_loop(clip, agg):
+    rewards, values, mask, _ = ref.random_batch(2)
+    rng = np.random.default_rng(5)
+    old_values = values + rng.normal(scale=0.5, size=values.shape).astype(np.float32)
+    loss, metrics = kernels.value_loss(values, old_values, rewards, mask, clip=clip, agg=agg)
+    want = ref.aggregate(ref.value_per_token(values, old_values, rewards, clip), mask, agg)
+    assert float(loss) == pytest.approx(want, rel=1e-5)
+    assert "explained_var" in metrics
+
+
+@pytest.mark.parametrize("agg", AGGS)
+def test_entropy_matches_loop(agg):
+    _, _, mask, _ = ref.random_batch(3, batch=3, length=7)
+    logits = np.random.default_rng(0).normal(scale=2.0, size=(3, 7, 11)).astype(np.float32)
+    ent, _ = kernels.entropy(logits, mask, agg=agg)
+    want = ref.aggregate(ref.entropy_per_token(logits), mask, agg)
+    assert float(ent) == pytest.approx(want, rel=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["k1", "k2", "k3"])
+def test_kl_matches_loop(kind):
+    logp, ref_logp, _, mask = _policy_inputs(4)
+    got, _ = kernels.kl(logp, ref_logp, mask, kind=kind)
+    want = ref.aggregate(ref.kl_per_token(logp, ref_logp, kind), mask, "token-mean")
+    assert float(got) == pytest.approx(want, rel=1e-5, abs=1e-7)
+    if kind != "k1":
+        assert np.all(np.asarray(kernels.kl_per_token(logp, ref_logp, kind)) >= 0)
+
+
+def test_token_logprobs():
+    logits = np.random.default_rng(0).normal(size=(2, 3, 5)).astype(np.float32)
+    targets = np.array([[0, 4, 2], [1, 1, 3]])
+    got = kernels.token_logprobs(logits, targets)
+    logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    np.testing.assert_allclose(
+        got, np.take_along_axis(logp, targets[..., None], -1)[..., 0], rtol=1e-5
+    )
+
+
+def test_all_padding_batch_gives_zero_losses():
+    mask = np.zeros((2, 4), np.float32)
+    x = np.ones((2, 4), np.float32)
+    for agg in AGGS:
+        loss, _ = kernels.ppo_policy_loss(x, x, x, mask, clip_eps=0.2, agg=agg)
+        assert float(loss) == 0.0
+
+
+def _finite_difference_check(f, x, seed=0, eps=1e-3, rtol=2e-2):
+    """Compares jax.grad(f) along a random direction with a central difference."""
+    x = jnp.asarray(x, jnp.float32)
+    direction = jnp.asarray(np.random.default_rng(seed).normal(size=x.shape), jnp.float32)
+    analytic = float(jnp.vdot(jax.grad(f)(x), direction))
+    numeric = float((f(x + eps * direction) - f(x - eps * direction)) / (2 * eps))
+    assert analytic == pytest.approx(numeric, rel=rtol, abs=1e-4)
+
+
+@pytest.mark.parametrize("agg", AGGS)
+def test_gradients_match_finite_differences(agg):
+    logp, old_logp, adv, mask = _policy_inputs(6)
+    logp, old_logp, adv, mask = (a[:, :12] for a in (logp, old_logp, adv, mask))
+    mask[1, :] = 1.0  # make sure there are action tokens in this small slice
+
+    def policy(lp):
+        return kernels.ppo_policy_loss(
+            lp, old_logp, adv, mask, clip_eps=0.2, dual_clip=3.0, agg=agg
+        )[0]
+
+    _finite_difference_check(policy, logp)
+    values, returns = adv * 0.3, adv
+    _finite_difference_check(
+        lambda v: kernels.value_loss(v, values + 0.05, returns, mask, clip=0.2, agg=agg)[0],
+        values,
+    )
+    logits = np.random.default_rng(1).normal(size=mask.shape + (5,)).astype(np.float32)
+    _finite_difference_check(lambda z: kernels.entropy(z, mask, agg=agg)[0], logits)
+    for kind in ("k1", "k2", "k3"):
+        _finite_difference_check(lambda lp, k=kind: kernels.kl(lp, old_logp, mask, kind=k)[0], logp)
