@@ -157,13 +157,20 @@ def batch_sharding(mesh, ndim: int) -> NamedSharding:
 
 
 def shard_batch(batch, mesh):
-    """Put every array of a batch pytree on the mesh, split along its first axis."""
+    """Put every array of a batch pytree on the mesh, split along its first axis.
+
+    With several processes (multi-host), each passes its own rows and the global
+    batch is their concatenation.
+    """
     n = mesh.shape["data"] * mesh.shape["fsdp"]
+    multi_host = jax.process_count() > 1
 
     def put(path, x):
         x = np.asarray(x) if not isinstance(x, jax.Array) else x
         if x.ndim == 0:
             return jax.device_put(x, NamedSharding(mesh, PartitionSpec()))
+        if multi_host:
+            return jax.make_array_from_process_local_data(batch_sharding(mesh, x.ndim), x)
         if x.shape[0] % n:
             raise ValueError(f"batch leaf {jax.tree_util.keystr(path)} has leading size "
                              f"{x.shape[0]}, not divisible by data*fsdp = {n}")
