@@ -1,0 +1,74 @@
+"""Trajectories -> one padded `Batch` with bucketed shapes (few compiled programs)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from jaxrl_agents.data.trajectory import ACTION, Batch, Trajectory
+
+
+def bucket(n: int, buckets: Sequence[int]) -> int:
+    """The smallest bucket >= n; past the largest, the next multiple of the largest."""
+    for size in sorted(buckets):
+        if n <= size:
+            return size
+    top = max(buckets)
+    return -(-n // top) * top
+
+
+def pack(
+    trajectories: Sequence[Trajectory],
+    *,
+    pad_id: int = 0,
+    length_buckets: Sequence[int] = (128, 256, 512, 1024, 2048, 4096),
+    row_multiple: int = 1,
+    max_length: int | None = None,
+) -> Batch:
+    """Pads trajectories (right padding) into a fixed-shape Batch.
+
+    Args:
+      trajectories: episodes, in order (row i is trajectory i).
+      pad_id: token id written on padding.
+      length_buckets: T is rounded up to one of these.
+      row_multiple: B is rounded up to a multiple of this (e.g. the data-parallel size);
+        extra rows are all padding with row_valid = 0.
+      max_length: a trajectory longer than this is an error (never silently cut).
+    """
+    if not trajectories:
+        raise ValueError("pack() needs at least one trajectory")
+    longest = max(len(t) for t in trajectories)
+    if max_length is not None and longest > max_length:
+        raise ValueError(f"a trajectory has {longest} tokens, more than max_length={max_length}")
+    length = bucket(longest, length_buckets)
+    rows = -(-len(trajectories) // row_multiple) * row_multiple
+    out = {
+        "input_ids": np.full((rows, length), pad_id, np.int32),
+        "positions": np.zeros((rows, length), np.int32),
+        "valid": np.zeros((rows, length), np.int32),
+        "action_mask": np.zeros((rows, length), np.float32),
+        "old_logprobs": np.zeros((rows, length), np.float32),
+        "rewards": np.zeros((rows, length), np.float32),
+        "group_ids": np.full((rows,), -1, np.int32),
+        "won": np.zeros((rows,), np.float32),
+        "truncated": np.zeros((rows,), np.float32),
+        "row_valid": np.zeros((rows,), np.float32),
+    }
+    for i, traj in enumerate(trajectories):
+        n = len(traj)
+        out["input_ids"][i, :n] = traj.tokens
+        out["positions"][i, :n] = np.arange(n)
+        out["valid"][i, :n] = 1
+        is_action = traj.token_type == ACTION
+        out["action_mask"][i, :n] = is_action
+        out["old_logprobs"][i, :n] = np.where(is_action, traj.logprobs, 0.0)
+        out["rewards"][i, :n] = traj.rewards
+        out["group_ids"][i] = traj.group_id
+        out["won"][i] = traj.won
+        out["truncated"][i] = traj.truncated
+        out["row_valid"][i] = 1.0
+    # Padding rows get distinct negative group ids so they never join a real group.
+    pad_rows = np.arange(len(trajectories), rows)
+    out["group_ids"][pad_rows] = -1 - pad_rows
+    return Batch(**out)

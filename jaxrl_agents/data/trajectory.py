@@ -1,0 +1,105 @@
+"""What an episode leaves behind (`Trajectory`) and what the learner eats (`Batch`).
+
+A trajectory is one token sequence: prompt, then alternating observation and action
+segments. Per-token arrays are aligned with `tokens`: index t describes token t.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+PROMPT, ACTION = 0, 1  # token_type values: prompt/observation tokens, sampled action tokens
+
+
+@dataclasses.dataclass
+class Trajectory:
+    """One episode.
+
+    tokens: [L] int32, the exact ids fed to and sampled by the model.
+    token_type: [L] int8, PROMPT (0) or ACTION (1).
+    logprobs: [L] float32, log-prob of each action token under the sampling policy
+        (raw policy, temperature not applied); 0 on prompt tokens.
+    rewards: [L] float32, each turn's reward on the last action token of the turn.
+    turn_ends: index of the last action token of every turn, in order.
+    won / truncated / failed: the episode was solved / cut (step budget or context) /
+        ended by an environment failure.
+    task_id: name of the task instance; group_id: samples of one task instance share it.
+    """
+
+    tokens: np.ndarray
+    token_type: np.ndarray
+    logprobs: np.ndarray
+    rewards: np.ndarray
+    turn_ends: list[int] = dataclasses.field(default_factory=list)
+    won: bool = False
+    truncated: bool = False
+    failed: bool = False
+    task_id: str = ""
+    group_id: int = 0
+    info: dict = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
+        self.tokens = np.asarray(self.tokens, np.int32)
+        self.token_type = np.asarray(self.token_type, np.int8)
+        self.logprobs = np.asarray(self.logprobs, np.float32)
+        self.rewards = np.asarray(self.rewards, np.float32)
+        n = len(self.tokens)
+        for name in ("token_type", "logprobs", "rewards"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(
+                    f"Trajectory.{name} has {len(getattr(self, name))} entries, tokens has {n}"
+                )
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.turn_ends)
+
+    @property
+    def episode_return(self) -> float:
+        return float(self.rewards.sum())
+
+    @property
+    def num_action_tokens(self) -> int:
+        return int((self.token_type == ACTION).sum())
+
+
+@dataclasses.dataclass
+class Batch:
+    """Fixed-shape, padded NumPy arrays for the learner. B rows, T tokens.
+
+    input_ids: [B, T] int32 token ids (pad id where invalid).
+    positions: [B, T] int32 position of each token in its episode.
+    valid: [B, T] int32, 1 on real tokens, 0 on padding.
+    action_mask: [B, T] float32, 1 on action tokens (the ones RL trains on).
+    old_logprobs: [B, T] float32, sampling-time log-probs of action tokens.
+    rewards: [B, T] float32, turn rewards on the last action token of each turn.
+    group_ids: [B] int32; won, truncated: [B] float32; row_valid: [B] float32 (0 for rows
+        added only to fill the batch up to its bucket).
+    """
+
+    input_ids: np.ndarray
+    positions: np.ndarray
+    valid: np.ndarray
+    action_mask: np.ndarray
+    old_logprobs: np.ndarray
+    rewards: np.ndarray
+    group_ids: np.ndarray
+    won: np.ndarray
+    truncated: np.ndarray
+    row_valid: np.ndarray
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.input_ids.shape
+
+    def as_dict(self) -> dict[str, np.ndarray]:
+        return dataclasses.asdict(self)
+
+    def rows(self, index) -> Batch:
+        """A sub-batch of the given rows (for minibatches)."""
+        return Batch(**{k: v[index] for k, v in self.as_dict().items()})
