@@ -38,6 +38,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -261,6 +262,8 @@ def _execute(argv: list[str], root: str, limits: Limits, mode: str,
             _kill_group(proc.pid)
             if timed_out:
                 proc.wait()
+            if mode == "full":
+                _reap_uid(uid)
         stdout = _read_bounded(out_path, limits.output_chars)
         stderr = _read_bounded(err_path, limits.output_chars)
     return RunResult(None if timed_out else proc.returncode, stdout, stderr, timed_out, mode)
@@ -271,6 +274,39 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _live_processes(uid: int) -> list[int]:
+    pids = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            if os.stat(f"/proc/{name}").st_uid != uid:
+                continue
+            with open(f"/proc/{name}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state not in ("Z", "X"):
+            pids.append(int(name))
+    return pids
+
+
+def _reap_uid(uid: int, timeout: float = 5.0) -> None:
+    """Waits (killing them) until no live process of the sandbox uid is left, so that one
+    run's fork bomb cannot eat the next run's process budget. The kernel tears the PID
+    namespace down asynchronously; this usually returns at once."""
+    deadline = time.monotonic() + timeout
+    while (pids := _live_processes(uid)) and time.monotonic() < deadline:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.05)
+    if pids:
+        log.warning("sandbox: %d process(es) of uid %d survived the kill", len(pids), uid)
 
 
 def _chown_tree(root: str, uid: int) -> None:
