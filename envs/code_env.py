@@ -189,7 +189,7 @@ class CodeEnv:
                           info=info)
 
     def close(self) -> None:
-        if self.sandbox is not None:
+        if getattr(self, "sandbox", None) is not None:
             self.sandbox.close()
             self.sandbox = None
 
