@@ -3,9 +3,11 @@
     .venv/bin/python bench/envs.py [--workers 2] [--envs 4] [--seconds 5] [--games 2]
                                    [--families toy,textworld,alfworld,code]
 
-Steps/s: an EnvPool of `--envs` envs plays for `--seconds` with two policies, "gold" (each
-task's gold actions) and "random" (a random admissible command, where the family lists them),
-resetting every finished env; resets are part of the measured time, as in training.
+Steps/s: `--envs` envs play for `--seconds` with two policies, "gold" (each task's gold
+actions) and "random" (a random admissible command, where the family lists them), resetting
+every finished env; resets are part of the measured time, as in training (after one untimed
+warm-up reset). The envs run in this process ("in-proc", the baseline without workers) and in
+an EnvPool of 1 and of N workers; "speedup" is against in-proc.
 Generation: fresh games (TextWorld, ALFWorld) are made through `envs.make` into a temporary
 `cache_dir`, one after the other in this process, then by building an EnvPool over new seeds
 with N workers (each worker generates its share). A family whose module is not importable yet
@@ -83,11 +85,38 @@ class Player:
         return self.rng.choice(commands) if commands else None
 
 
-def play(pool: EnvPool, policy: str, seconds: float) -> dict:
+class InProcess:
+    """The pool's reset / step / tasks over envs in this process: the baseline without workers."""
+
+    def __init__(self, specs: list[dict]):
+        self.envs = [envs.make(spec) for spec in specs]
+
+    def __len__(self) -> int:
+        return len(self.envs)
+
+    def __enter__(self) -> InProcess:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+    @property
+    def tasks(self) -> list:
+        return [env.task for env in self.envs]
+
+    def reset(self, ids) -> list:
+        return [self.envs[i].reset() for i in ids]
+
+    def step(self, ids, actions) -> list:
+        return [self.envs[i].step(action) for i, action in zip(ids, actions)]
+
+
+def play(pool: EnvPool | InProcess, policy: str, seconds: float) -> dict:
     """Plays all envs of `pool` for about `seconds`; returns counts and the elapsed time."""
     player = Player(policy)
     ids = list(range(len(pool)))
     counts = {"steps": 0, "episodes": 0, "won": 0, "failed": 0}
+    pool.reset(ids)  # warm-up: a family's first reset loads its game engine
     start = time.perf_counter()
     last = dict(zip(ids, pool.reset(ids)))
     for env_id in ids:
@@ -115,20 +144,21 @@ def bench_steps(family: str, worker_counts, num_envs: int, seconds: float, cache
     base: dict[str, float] = {}
     for workers in worker_counts:
         try:
-            pool = EnvPool(specs, workers, **POOL_TIMEOUTS)
+            pool = EnvPool(specs, workers, **POOL_TIMEOUTS) if workers else InProcess(specs)
         except Exception as exc:
             print(f"{family:<10} skipped: the pool could not build its envs ({exc})")
             return
+        where = workers or "in-proc"
         with pool:
             for policy in ("gold", "random"):
                 c = play(pool, policy, seconds)
                 if "unsupported" in c:
-                    print(f"{family:<10} {policy:<7} {workers:>7}  skipped: {c['unsupported']}")
+                    print(f"{family:<10} {policy:<7} {where:>7}  skipped: {c['unsupported']}")
                     continue
                 rate = c["steps"] / c["seconds"]
                 base.setdefault(policy, rate)
                 print(
-                    f"{family:<10} {policy:<7} {workers:>7} {num_envs:>5} {c['steps']:>6} "
+                    f"{family:<10} {policy:<7} {where:>7} {num_envs:>5} {c['steps']:>6} "
                     f"{c['episodes']:>8} {c['won']:>5} {c['failed']:>6} {c['seconds']:>7.1f} "
                     f"{rate:>9.1f} {rate / base[policy]:>8.2f}x"
                 )
@@ -190,7 +220,7 @@ def main(argv=None) -> None:
             f"{'family':<10} {'policy':<7} {'workers':>7} {'envs':>5} {'steps':>6} "
             f"{'episodes':>8} {'won':>5} {'failed':>6} {'seconds':>7} {'steps/s':>9} {'speedup':>9}"
         )
-        worker_counts = sorted({1, args.workers})
+        worker_counts = sorted({0, 1, args.workers})
         for family in available:
             if family in GENERATED:  # build the games once, outside the timed runs
                 specs = family_specs(family, range(args.envs), cache_dir)
