@@ -1,0 +1,174 @@
+"""RunLogger outputs: metrics.jsonl, TensorBoard events, config/eval JSON, plots, resume."""
+
+import glob
+import json
+import math
+import os
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs import base
+from jaxrl_agents import logging as L
+
+
+def read_events(run_dir):
+    """All TensorBoard events under run_dir (TFRecord framing: u64 length, u32 crc,
+    payload, u32 crc), parsed with tensorboardX's own protobufs."""
+    import struct
+
+    from tensorboardX.proto import event_pb2
+
+    events = []
+    for path in sorted(glob.glob(os.path.join(run_dir, "events.out.tfevents.*"))):
+        with open(path, "rb") as f:
+            data = f.read()
+        pos = 0
+        while pos + 12 <= len(data):
+            (length,) = struct.unpack("<Q", data[pos : pos + 8])
+            event = event_pb2.Event()
+            event.ParseFromString(data[pos + 12 : pos + 12 + length])
+            events.append(event)
+            pos += 12 + length + 4
+    return events
+
+
+def scalars(run_dir):
+    """tag -> [(step, value)] from the TensorBoard events of run_dir."""
+    out = {}
+    for event in read_events(run_dir):
+        for v in event.summary.value:
+            out.setdefault(v.tag, []).append((event.step, v.simple_value))
+    return out
+
+
+def test_success_ci_wilson_known_values():
+    got = L.success_ci([1] * 8 + [0] * 2)
+    assert got["n"] == 10 and got["mean"] == 0.8
+    assert got["ci_low"] == pytest.approx(0.4902, abs=1e-4)
+    assert got["ci_high"] == pytest.approx(0.9433, abs=1e-4)
+    # Formula check against a direct evaluation for many (k, n).
+    z = 1.959963984540054
+    for n in (1, 7, 100):
+        for k in (0, n // 3, n):
+            p = k / n
+            c = (p + z * z / (2 * n)) / (1 + z * z / n)
+            h = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+            r = L.success_ci([True] * k + [False] * (n - k))
+            assert r["ci_low"] == pytest.approx(max(0.0, c - h), abs=1e-12)
+            assert r["ci_high"] == pytest.approx(min(1.0, c + h), abs=1e-12)
+            assert r["ci_low"] <= r["mean"] <= r["ci_high"]
+    assert L.success_ci([]) == {"mean": None, "n": 0, "ci_low": 0.0, "ci_high": 1.0}
+    with pytest.raises(ValueError):
+        L.success_ci([0.5])
+
+
+def test_log_writes_jsonl_and_tensorboard(tmp_path):
+    run = str(tmp_path / "run")
+    with L.RunLogger(run, total=3, progress_bar=True) as log:
+        log.log(1, {"charts/success": np.float32(0.25), "losses/kl": jnp.asarray(0.5),
+                    "tokens_per_s": 100, "losses/pg": float("nan"), "stage": "w2-o3-q4"})
+        log.log(2, {"charts/success": jnp.float32(0.5), "losses/pg": np.array([1.5])})
+        with pytest.raises(TypeError, match="losses/pg"):
+            log.log(3, {"losses/pg": np.zeros(3)})
+    rows = L.read_metrics(run)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert rows[0]["charts/success"] == 0.25 and rows[0]["losses/kl"] == 0.5
+    assert rows[0]["tokens_per_s"] == 100 and rows[0]["losses/pg"] is None
+    assert rows[0]["stage"] == "w2-o3-q4" and L.WALL_TIME in rows[0]
+    assert rows[1]["losses/pg"] == 1.5
+
+    tb = scalars(run)
+    assert set(tb) == {"charts/success", "losses/kl", "charts/tokens_per_s", "losses/pg"}
+    assert tb["charts/success"] == [(1, 0.25), (2, 0.5)]
+    assert tb["losses/pg"] == [(2, 1.5)]  # the NaN of step 1 stays in metrics.jsonl only
+
+
+def test_progress_bar_postfix(tmp_path):
+    log = L.RunLogger(str(tmp_path), tensorboard=False, jsonl=False, total=5)
+    log.log(3, {"charts/success": 0.5, "losses/entropy": 1.25, "other": 7})
+    assert log._bar.n == 3
+    postfix = log._bar.postfix
+    assert "succ=0.5" in postfix and "ent=1.25" in postfix and "other" not in postfix
+    log.close()
+
+
+def test_save_config_and_write_eval(tmp_path):
+    log = L.RunLogger(str(tmp_path), tensorboard=False, progress_bar=False)
+    cfg = base.get_config()
+    log.save_config(cfg)
+    with open(tmp_path / L.CONFIG_FILE) as f:
+        saved = json.load(f)
+    assert saved["rollout"]["stop_strings"] == ["\n"]
+    assert saved["rl"]["learning_rate"] == cfg.rl.learning_rate
+
+    log.write_eval("sft", L.success_ci([1, 0, 0, 0]))
+    log.write_eval("rl", {"mean": np.float64(0.5), "n": np.int64(4)}, step=10)
+    log.write_eval("rl", L.success_ci([1, 1, 1, 0]), step=20)
+    with open(tmp_path / L.EVAL_FILE) as f:
+        evals = json.load(f)
+    assert evals["sft"]["mean"] == 0.25 and evals["rl"]["mean"] == 0.75
+    assert evals["per_update"]["10"]["rl"] == {"mean": 0.5, "n": 4}
+    assert set(evals["per_update"]) == {"10", "20"}
+    log.close()
+
+
+def test_truncate_on_resume_equals_uninterrupted(tmp_path):
+    def metrics(step):
+        return {"charts/success": step / 10, "losses/pg": 1.0 / step}
+
+    full = str(tmp_path / "full")
+    with L.RunLogger(full, progress_bar=False) as log:
+        for s in range(1, 9):
+            log.log(s, metrics(s))
+
+    run = str(tmp_path / "killed")
+    with L.RunLogger(run, progress_bar=False) as log:
+        for s in range(1, 7):  # checkpoint at 4, killed after logging 6
+            log.log(s, metrics(s))
+            if s == 4:
+                log.write_eval("rl", {"mean": 0.4}, step=4)
+            if s == 6:
+                log.write_eval("rl", {"mean": 0.6}, step=6)
+    with open(os.path.join(run, L.METRICS_FILE), "a") as f:
+        f.write('{"step": 7, "charts/succ')  # a torn line, as SIGKILL leaves
+    with L.RunLogger(run, progress_bar=False, resume_step=4) as log:
+        for s in range(5, 9):
+            log.log(s, metrics(s))
+
+    def strip(rows):
+        return [{k: v for k, v in r.items() if k != L.WALL_TIME} for r in rows]
+
+    assert strip(L.read_metrics(run)) == strip(L.read_metrics(full))
+    # TensorBoard is told to drop the killed run's events after step 4.
+    starts = [e.step for e in read_events(run) if e.session_log.status == 1]  # START
+    assert starts == [5]
+    with open(os.path.join(run, L.EVAL_FILE)) as f:
+        assert set(json.load(f)["per_update"]) == {"4"}
+
+
+def test_plot_writes_pngs_skipping_nan(tmp_path):
+    run = str(tmp_path)
+    with L.RunLogger(run, tensorboard=False, progress_bar=False) as log:
+        for s in range(1, 6):
+            log.log(s, {"charts/success": s / 5, "losses/pg": float("nan") if s == 3 else -s,
+                        "losses/kl": 0.1 * s, "return_mean": s})
+        paths = log.plot()
+    names = sorted(os.path.basename(p) for p in paths)
+    assert names == ["charts.png", "losses.png"]
+    for p in paths:
+        with open(p, "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    only = L.plot_metrics(run, keys=["losses/kl"])
+    assert [os.path.basename(p) for p in only] == ["losses.png"]
+
+
+def test_non_main_process_writes_nothing(tmp_path):
+    run = str(tmp_path / "run")
+    with L.RunLogger(run, is_main=False, total=3) as log:
+        assert log.log(1, {"charts/success": 1.0}) == {}
+        log.save_config(base.get_config())
+        log.write_eval("rl", {"mean": 1.0})
+        assert log.plot() == []
+    assert os.listdir(tmp_path) == []
