@@ -1,8 +1,14 @@
 """EnvPool: environments in worker processes, batched reset/step, per-call timeouts, restarts.
 
-Env `i` of `specs` lives in worker `i % num_workers`. A batched call sends every worker its
-share first and then gathers the answers, so the workers run in parallel; inside one worker
-its envs run one after the other. Results come back in the order of `ids`.
+Env `i` of `specs` lives in worker `i % num_workers` (at most one worker per env). A batched
+call sends every worker its share first and then gathers the answers, so the workers run in
+parallel; inside one worker its envs run one after the other. Results come back in the order
+of `ids`. Workers exchange plain data only (spec dicts, action strings, StepResults, TaskSpec
+dicts); `tasks` holds the TaskSpecs the workers reported at start and after each reset.
+
+    with EnvPool([{"family": "toy", "seed": i} for i in range(8)], num_workers=2) as pool:
+        results = pool.reset()                       # list[StepResult], one per env
+        results = pool.step(range(8), ["1"] * 8)     # one action per env id
 
 Faults never raise out of `reset` / `step`; they end the affected episodes as failed, a
 `StepResult(observation="", reward=failure_reward, done=True, won=False,
@@ -13,7 +19,8 @@ info={"failed": True, "error": "..."})`:
   (`timeout_s` for a step, `reset_timeout_s` for a reset, counted per env call) is killed and
   replaced by a fresh worker that rebuilds its envs from their specs. The envs of that worker
   in the call fail; its other envs lost their state too, so their next step fails the same way
-  ("lost") until they are reset. Episodes on the other workers go on untouched.
+  ("lost") until they are reset. Episodes on the other workers go on untouched. A worker found
+  dead at the start of a reset is replaced first and the reset goes on without failing.
 
 An env whose result was a failure must be reset before it is stepped again. Every fault is
 logged (logger "envs.pool") and counted in `failures` (failed results returned) and `restarts`
@@ -238,7 +245,8 @@ class EnvPool:
         self.failures = 0  # failed results returned
         self.restarts = 0  # workers replaced
         self._tasks: list[TaskSpec | None] = [None] * len(self._specs)
-        self._needs_reset: set[int] = set()
+        self._needs_reset: set[int] = set()  # envs whose state was lost or failed
+        self._retired: set[int] = set()  # workers killed, to be replaced
         self._inflight: tuple | None = None  # (kind, ids, results, timeout_s)
         self._workers: list[_Worker] = []
         self._finalizer = weakref.finalize(self, _stop_all, self._workers)
@@ -312,9 +320,15 @@ class EnvPool:
         start = time.monotonic()
         for worker in busy:
             worker.deadline = start + timeout_s
-        while busy:
-            busy = self._gather_some(kind, busy, results, timeout_s)
-        self._inflight = None
+        try:
+            while busy:
+                busy = self._gather_some(kind, busy, results, timeout_s)
+        finally:  # an interrupted wait leaves workers mid-call: their episodes are lost
+            for worker in self._workers:
+                if worker.pending:
+                    self._retire(worker.index, "was interrupted mid-call", results, kind)
+            self._inflight = None
+            self._restart_retired()
         for env_id in ids:
             self._record(env_id, results[env_id])
         return [results[env_id] for env_id in ids]
@@ -326,7 +340,9 @@ class EnvPool:
         conn = self._workers[worker].conn
         conn.send(("modules",))
         if not conn.poll(self.reset_timeout_s):
-            raise TimeoutError(f"env worker {worker} did not answer")
+            self._retire(worker, "did not answer a probe", {}, "probe")
+            self._restart_retired()
+            raise TimeoutError(f"env worker {worker} did not answer; it was replaced")
         return conn.recv()
 
     def close(self) -> None:
@@ -360,15 +376,17 @@ class EnvPool:
                 results[env_id] = self._failed(env_id, error)
             else:
                 shares.setdefault(self.worker_of(env_id), []).append((env_id, arg))
-        for index, items in shares.items():
+        for index, items in list(shares.items()):
             worker = self._workers[index]
-            if not worker.alive():
-                # A step's episodes died with the worker (they fail); a reset starts afresh.
+            if not worker.alive():  # died since the last call: replace it before sending
+                # A step's episodes died with the worker; a reset starts them afresh anyway.
                 worker.pending = [env_id for env_id, _ in items] if kind == "step" else []
                 reason = f"was found dead (exit code {worker.exit_code()})"
-                self._replace(index, reason, results, kind)
+                self._retire(index, reason, results, kind)
                 if kind == "step":
-                    continue
+                    del shares[index]
+        self._restart_retired()
+        for index, items in shares.items():
             self._send(index, kind, items, results)
         self._inflight = (kind, ids, results, timeout_s)
 
@@ -378,12 +396,12 @@ class EnvPool:
         try:
             worker.conn.send((kind, items))
         except (OSError, ValueError) as exc:
-            self._replace(index, f"could not be sent a {kind} ({exc})", results, kind)
+            self._retire(index, f"could not be sent a {kind} ({exc})", results, kind)
 
     # -- gathering ----------------------------------------------------------------------------
 
     def _gather_some(self, kind, busy: list[_Worker], results: dict, timeout_s) -> list[_Worker]:
-        """Reads the answers ready within the nearest deadline; replaces dead or late workers."""
+        """Reads the answers ready within the nearest deadline; retires dead or late workers."""
         wait_s = max(0.0, min(worker.deadline for worker in busy) - time.monotonic())
         ready = wait_for_ready([worker.conn for worker in busy], timeout=wait_s)
         for worker in busy:
@@ -393,7 +411,7 @@ class EnvPool:
                 env_id, result, task = worker.conn.recv()
             except Exception as exc:  # EOF from a dead worker, or a message cut short
                 reason = f"died (exit code {worker.exit_code()}, {type(exc).__name__})"
-                self._replace(worker.index, reason, results, kind)
+                self._retire(worker.index, reason, results, kind)
                 continue
             worker.pending.remove(env_id)
             results[env_id] = result
@@ -402,9 +420,9 @@ class EnvPool:
             worker.deadline = time.monotonic() + timeout_s
         now = time.monotonic()
         for worker in busy:
-            if worker.pending and worker.conn not in ready and worker.deadline <= now:
+            if worker.pending and worker.deadline <= now and not worker.conn.poll(0):
                 reason = f"timed out: env {worker.pending[0]} {kind} took over {timeout_s:g} s"
-                self._replace(worker.index, reason, results, kind)
+                self._retire(worker.index, reason, results, kind)
         return [worker for worker in self._workers if worker.pending]
 
     def _record(self, env_id: int, result: StepResult) -> None:
@@ -455,24 +473,35 @@ class EnvPool:
                     errors[worker.index] = ("TimeoutError", "building its envs timed out")
         return errors
 
-    def _replace(self, index: int, reason: str, results: dict, kind: str) -> None:
-        """Kills worker `index`, fails its pending episodes, starts a fresh one in its place."""
+    def _retire(self, index: int, reason: str, results: dict, kind: str) -> None:
+        """Kills worker `index` and fails its pending episodes; `_restart_retired` replaces it.
+
+        Its other envs lost their state with it: they must be reset before their next step.
+        """
         old = self._workers[index]
-        lost = [env_id for env_id in old.env_ids if env_id not in old.pending]
+        failed, lost = list(old.pending), [i for i in old.env_ids if i not in old.pending]
         message = f"env worker {index} (pid {old.pid}) {reason}; it was killed and replaced"
-        log.warning("%s; failed envs %s, lost envs %s", message, old.pending, lost)
-        for env_id in old.pending:
+        log.warning("%s; failed envs %s, lost envs %s", message, failed, lost)
+        for env_id in failed:
             results[env_id] = self._failed(env_id, f"{message} during a {kind} of env {env_id}")
         self._needs_reset.update(lost)
         old.pending = []
         old.stop()
-        self.restarts += 1
-        new = self._launch_worker(index)
-        self._workers[index] = new
-        errors = self._await_ready([new])
-        if errors:
-            log.error("env worker %d could not be restarted: %s", index, errors[index])
-            new.stop()
+        self._retired.add(index)
+
+    def _restart_retired(self) -> None:
+        """Starts fresh workers (in parallel) for the retired ones; they rebuild their envs."""
+        if not self._retired:
+            return
+        fresh = [self._launch_worker(index) for index in sorted(self._retired)]
+        self._retired.clear()
+        for worker in fresh:
+            self._workers[worker.index] = worker
+        self.restarts += len(fresh)
+        for index, error in self._await_ready(fresh).items():
+            log.error("env worker %d could not be restarted (%s); retrying at its next call",
+                      index, error)
+            self._workers[index].stop()
 
 
 if __name__ == "__main__":  # a worker started by the "exec" start method
