@@ -20,6 +20,9 @@ Spec keys:
     step_penalty, invalid_penalty: costs per step / per inadmissible action (default 0).
     obs_format: "template" | "raw"; cache_dir: where generated games are stored.
 
+Speed: TextWorld's grammar-template parses are memoised (envs/_pddl_memo.py; same text,
+about twice the steps per second); JAXRL_PDDL_MEMO=0 turns that off.
+
 Reward: 1 on the winning step (ALFWorld scores only the goal), minus the penalties.
 """
 
@@ -33,7 +36,7 @@ import re
 import sys
 from collections.abc import Sequence
 
-from envs import _gamecache, _textplay
+from envs import _gamecache, _pddl_memo, _textplay
 from envs import alfworld_gen as gen
 from envs.base import SpecError, StepResult, TaskSpec, check_spec_keys, render_state
 
@@ -47,6 +50,8 @@ GAME_FILE, TRAJ_FILE, META_FILE = "game.tw-pddl", "traj_data.json", "meta.json"
 DEFAULT_MAX_STEPS = 50
 HANDCODED_BUDGET = 150
 START_ROOM = "the middle of the room"
+# set to 0 to parse TextWorld's grammar templates afresh on every step (see _pddl_memo)
+MEMO_ENV_VAR = "JAXRL_PDDL_MEMO"
 
 
 @contextlib.contextmanager
@@ -69,6 +74,7 @@ def _wrapped_env(expert: str | None):
     )
     from textworld.envs import PddlEnv
 
+    _pddl_memo.set_enabled(os.environ.get(MEMO_ENV_VAR, "1") != "0")
     extras = ["gamefile"] + (["expert_plan"] if expert else [])
     infos = textworld.EnvInfos(won=True, admissible_commands=True, facts=True, extras=extras)
     env = AlfredInfos(AlfredDemangler(PddlEnv(infos)))

@@ -141,9 +141,10 @@ def _choose_receptacles(rng, scene, task, task_type, n) -> list[str]:
         required.append(by_cls(TOOLS[task_type][0])[0])
     if task["toggle"]:
         required.append(next(r for r in ids if receptacle_class(r) in LAMP_HOSTS))
-    start = [r for r in ids if r not in required and fits_in(task["obj"], receptacle_class(r))
-             and receptacle_class(r) != task["recep"]]
-    required.append(start[0])
+    start = next(r for r in ids if fits_in(task["obj"], receptacle_class(r))
+                 and receptacle_class(r) != task["recep"])
+    if start not in required:
+        required.append(start)
     rest = [r for r in ids if r not in required]
     return required + rest[: max(0, n - len(required))]
 
@@ -260,7 +261,8 @@ def generate_problem(task_type: str, objects: int = 6, receptacles: int = 6,
     """One ALFWorld problem from a seed (pure: same arguments, same problem).
 
     objects: number of object instances (3 to 12), targets and lamp included.
-    receptacles: number of receptacle instances (at least 2; fewer if the scene has fewer).
+    receptacles: number of receptacle instances (at least 2; more when the task needs more:
+        goal, tool and start receptacles; fewer when no scene has that many).
     Returns {"game": game.tw-pddl dict, "traj_data": traj_data.json dict, "scene": FloorPlan,
     "complexity": {"task_type", "objects", "receptacles"}} (actual sizes).
     """
@@ -273,14 +275,15 @@ def generate_problem(task_type: str, objects: int = 6, receptacles: int = 6,
     rng = random.Random(f"alfworld/{task_type}/{objects}/{receptacles}/{seed}")
     names = sorted(scenes())
     rng.shuffle(names)
+    # scenes with at least `receptacles` receptacles first (stable sort keeps the shuffle)
+    names.sort(key=lambda n: len(scenes()[n]["receptacles"]) < receptacles)
     for name in names:
         scene = scenes()[name]
         candidates = _task_candidates(task_type, scene)
-        needed = 2 + (task_type in TOOLS)
-        if candidates and len(scene["receptacles"]) >= min(receptacles, needed):
+        if candidates:
             break
     else:
-        raise GenerationError(f"no scene can host {task_type} with {receptacles} receptacles")
+        raise GenerationError(f"no scene can host {task_type}")
     task = rng.choice(candidates)
     recs = _choose_receptacles(rng, scene, task, task_type, receptacles)
     placed = _place_objects(rng, scene, task, task_type, recs, objects)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import warnings
 from collections.abc import Sequence
 
 import numpy as np
@@ -212,7 +213,9 @@ class TextWorldEnv:
         infos = textworld.EnvInfos(
             admissible_commands=True, objective=True, description=True, inventory=True,
             score=True, max_score=True, won=True, lost=True, policy_commands=True, moves=True)
-        self._env = textworld.start(self.task.info["game_file"], request_infos=infos)
+        with warnings.catch_warnings():  # Jericho: "not fully supported" (TextWorld scores)
+            warnings.simplefilter("ignore")
+            self._env = textworld.start(self.task.info["game_file"], request_infos=infos)
 
     def close(self) -> None:
         if self._env is not None:
