@@ -40,6 +40,22 @@ def token_logprobs(logits, targets):
     return jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
 
 
+def shift_right(x_bt, fill=0.0):
+    """[B, T, ...] -> [B, T, ...] with x[:, t] moved to t + 1 and `fill` at t = 0.
+
+    Model outputs at position t describe token t + 1; shifting them right aligns them
+    with the token they predict, the convention of every per-token array in a Batch.
+    """
+    pad = [(0, 0), (1, 0)] + [(0, 0)] * (x_bt.ndim - 2)
+    return jnp.pad(x_bt[:, :-1], pad, constant_values=fill)
+
+
+def next_token_logprobs(logits, input_ids):
+    """log p(token t | tokens < t) for every t: [B, T, V], [B, T] -> [B, T]; 0 at t = 0."""
+    logp = token_logprobs(logits[:, :-1], input_ids[:, 1:])  # (B, T-1)
+    return jnp.pad(logp, ((0, 0), (1, 0)))
+
+
 @functools.partial(jax.jit, static_argnames=("agg",))
 def ppo_policy_loss(
     logp,

@@ -1,0 +1,28 @@
+"""Optimizers and learning-rate schedules from the config."""
+
+from __future__ import annotations
+
+import optax
+
+SCHEDULES = ("constant", "linear", "step_decay")
+
+
+def lr_schedule(kind: str, lr: float, *, total_steps: int, steps_per_decay: int = 0):
+    """Learning rate as a function of the optimizer step.
+
+    constant; linear (to 0 at total_steps); step_decay (x0.9 every `steps_per_decay`
+    steps: the paper's "decay 10% every 200 episodes" once episodes are turned into steps).
+    """
+    if kind == "constant":
+        return optax.constant_schedule(lr)
+    if kind == "linear":
+        return optax.linear_schedule(lr, 0.0, max(total_steps, 1))
+    if kind == "step_decay":
+        return optax.exponential_decay(lr, max(steps_per_decay, 1), 0.9, staircase=True)
+    raise ValueError(f"rl.lr_schedule {kind!r}; allowed: {list(SCHEDULES)}")
+
+
+def adam(schedule, max_grad_norm: float = 0.0) -> optax.GradientTransformation:
+    """Adam with optional global-norm gradient clipping."""
+    parts = [optax.clip_by_global_norm(max_grad_norm)] if max_grad_norm > 0 else []
+    return optax.chain(*parts, optax.adam(schedule))

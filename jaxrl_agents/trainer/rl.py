@@ -1,0 +1,347 @@
+"""The RL learner: one jitted update over a packed Batch (PPO / RLOO / GRPO / REINFORCE++).
+
+Per collected batch:
+  1. `prepare`: one forward pass of the current and the reference policy gives the old
+     values and reference log-probs; the KL penalty goes into the rewards (kl.where =
+     "reward"); the configured estimator gives advantages and returns.
+  2. `ppo_epochs` passes over shuffled minibatches; each minibatch is one jitted step
+     (gradient accumulation over `grad_accum` micro-batches inside it). A non-finite loss
+     or gradient leaves parameters and optimizer state untouched and is counted.
+
+Per-token arrays follow the Batch convention: index t describes token t, so model
+outputs at t - 1 (which predict token t) are shifted right by one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from jaxrl_agents import kernels
+from jaxrl_agents.data import Batch
+from jaxrl_agents.trainer import optim
+from jaxrl_agents.trainer.kl_control import KLController
+
+
+@dataclasses.dataclass(frozen=True)
+class RLHyper:
+    """The static hyper-parameters of an update (hashable: closed over by jit)."""
+
+    estimator: str = "gae"
+    gamma: float = 0.99
+    lam: float = 0.95
+    clip_eps: float = 0.2
+    clip_eps_high: float | None = None
+    dual_clip: float | None = None
+    loss_agg: str = "token-mean"
+    value_clip: float | None = 0.2
+    value_coef: float = 0.5
+    entropy_coef: float = 0.0
+    grpo_std_normalize: bool = True
+    normalize_advantages: bool = True
+    kl_kind: str = "k1"
+    kl_where: str = "reward"
+
+    @property
+    def uses_critic(self) -> bool:
+        return kernels.NEEDS_CRITIC[self.estimator]
+
+    @classmethod
+    def from_config(cls, cfg) -> RLHyper:
+        a = cfg.algo
+        return cls(
+            estimator=a.estimator,
+            gamma=a.gamma,
+            lam=a.lam,
+            clip_eps=a.clip_eps,
+            clip_eps_high=a.clip_eps_high or None,
+            dual_clip=a.dual_clip or None,
+            loss_agg=a.loss_agg,
+            value_clip=a.value_clip or None,
+            value_coef=a.value_coef,
+            entropy_coef=a.entropy_coef,
+            grpo_std_normalize=a.grpo_std_normalize,
+            normalize_advantages=a.normalize_advantages,
+            kl_kind=cfg.kl.kind,
+            kl_where=cfg.kl.where,
+        )
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class LearnerState:
+    """Everything an update changes (a pytree).
+
+    params: nnx.State of the ActorCritic; opt_state: optax state; ref_params: nnx.State
+    of the frozen reference policy; step: optimizer steps taken; skipped: steps skipped
+    for a non-finite loss or gradient.
+    """
+
+    params: Any
+    opt_state: Any
+    ref_params: Any
+    step: jax.Array
+    skipped: jax.Array
+
+
+def _forward(model, batch: dict):
+    """Aligned per-token outputs: logp, entropy, values [B, T] and the value after the
+    last real token [B] (for truncated episodes)."""
+    ids, valid = batch["input_ids"], batch["valid"]
+    logits, values = model.logits_and_values(ids, batch["positions"], valid)
+    logp = kernels.next_token_logprobs(logits, ids)
+    ent = kernels.shift_right(kernels.token_entropy(logits))
+    last = jnp.maximum(valid.sum(axis=1) - 1, 0)
+    last_value = jnp.take_along_axis(values, last[:, None], axis=1)[:, 0]
+    return logp, ent, kernels.shift_right(values), last_value
+
+
+def _ref_logprobs(ref_graphdef, ref_params, batch):
+    ref = nnx.merge(ref_graphdef, ref_params)
+    logits = ref(batch["input_ids"], batch["positions"], batch["valid"])
+    return kernels.next_token_logprobs(logits, batch["input_ids"])
+
+
+def _advantages(hp: RLHyper, rewards, values, mask, last_value, group_ids):
+    if hp.estimator in ("gae", "turn_gae"):
+        adv, ret = kernels.ESTIMATORS[hp.estimator](
+            rewards, values, mask, hp.gamma, hp.lam, last_value=last_value
+        )
+    elif hp.estimator == "reinforce_pp":
+        adv, ret = kernels.reinforce_pp(rewards, mask, hp.gamma)
+    else:
+        scores = kernels.episode_scores(rewards, mask)
+        if hp.estimator == "rloo":
+            episode_adv = kernels.rloo(scores, group_ids)
+        else:
+            episode_adv = kernels.grpo(scores, group_ids, std_normalize=hp.grpo_std_normalize)
+        adv = kernels.broadcast_to_tokens(episode_adv, mask)
+        ret = kernels.broadcast_to_tokens(scores, mask)
+    if hp.normalize_advantages and hp.estimator in ("gae", "turn_gae"):
+        adv = kernels.masked_whiten(adv, mask)
+    return adv, ret
+
+
+def prepare(hp: RLHyper, graphdef, ref_graphdef, state: LearnerState, batch: dict, kl_coef):
+    """Old values, reference log-probs, KL-shaped rewards, advantages and returns."""
+    model = nnx.merge(graphdef, state.params)
+    _, _, values, last_value = _forward(model, batch)
+    ref_logp = _ref_logprobs(ref_graphdef, state.ref_params, batch)
+    mask = batch["action_mask"]
+    kl_tok = kernels.kl_per_token(batch["old_logprobs"], ref_logp, hp.kl_kind) * mask
+    rewards = batch["rewards"]
+    if hp.kl_where == "reward":
+        rewards = rewards - kl_coef * kl_tok
+    last_value = last_value * batch["truncated"]
+    adv, ret = _advantages(hp, rewards, values, mask, last_value, batch["group_ids"])
+    metrics = {
+        "kl/ref_kl": kernels.masked_mean(kl_tok, mask),
+        "charts/return_mean": kernels.masked_mean(batch["rewards"].sum(axis=1), batch["row_valid"]),
+        "charts/return_var": kernels.masked_var(batch["rewards"].sum(axis=1), batch["row_valid"]),
+        "charts/advantage_mean": kernels.masked_mean(adv, mask),
+        "charts/value_mean": kernels.masked_mean(values, mask),
+    }
+    extras = {"advantages": adv, "returns": ret, "old_values": values, "ref_logprobs": ref_logp}
+    return extras, metrics
+
+
+def loss_fn(hp: RLHyper, graphdef, params, mb: dict, kl_coef, policy_coef):
+    """Scalar loss and its metrics on one micro-batch (arrays [b, T])."""
+    model = nnx.merge(graphdef, params)
+    logp, ent, values, _ = _forward(model, mb)
+    mask = mb["action_mask"]
+    pg, pg_metrics = kernels.ppo_policy_loss(
+        logp,
+        mb["old_logprobs"],
+        mb["advantages"],
+        mask,
+        clip_eps=hp.clip_eps,
+        clip_eps_high=hp.clip_eps_high,
+        dual_clip=hp.dual_clip,
+        agg=hp.loss_agg,
+    )
+    entropy = kernels.aggregate(ent, mask, hp.loss_agg)
+    policy_loss = pg - hp.entropy_coef * entropy
+    kl_value = kernels.aggregate(
+        kernels.kl_per_token(logp, mb["ref_logprobs"], hp.kl_kind), mask, hp.loss_agg
+    )
+    if hp.kl_where == "loss":
+        policy_loss = policy_loss + kl_coef * kl_value
+    loss = policy_coef * policy_loss
+    metrics = {f"losses/{k}": v for k, v in pg_metrics.items()}
+    if hp.uses_critic:
+        vf, vf_metrics = kernels.value_loss(
+            values, mb["old_values"], mb["returns"], mask, clip=hp.value_clip, agg=hp.loss_agg
+        )
+        loss = loss + hp.value_coef * vf
+        metrics["losses/value"] = vf
+        metrics.update({f"losses/{k}": v for k, v in vf_metrics.items()})
+    metrics.update(
+        {
+            "losses/policy": pg,
+            "losses/entropy": entropy,
+            "losses/kl": kl_value,
+            "losses/total": loss,
+        }
+    )
+    return loss, metrics
+
+
+def _tree_all_finite(tree) -> jax.Array:
+    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]
+    return jnp.all(jnp.stack(leaves))
+
+
+def train_step(hp, graphdef, tx, state: LearnerState, micro: dict, kl_coef, policy_coef):
+    """One optimizer step over a minibatch split as micro-batches (arrays [A, b, T]).
+
+    Gradients are averaged over the A micro-batches; a non-finite loss or gradient skips
+    the step (parameters and optimizer state unchanged, `skipped` incremented).
+    """
+    grad_fn = jax.value_and_grad(functools.partial(loss_fn, hp, graphdef), has_aux=True)
+
+    def accumulate(grads_sum, mb):
+        (_, metrics), grads = grad_fn(state.params, mb, kl_coef, policy_coef)
+        return jax.tree.map(jnp.add, grads_sum, grads), metrics
+
+    zeros = jax.tree.map(jnp.zeros_like, state.params)
+    grads, metrics = jax.lax.scan(accumulate, zeros, micro)
+    num_micro = jax.tree.leaves(micro)[0].shape[0]
+    grads = jax.tree.map(lambda g: g / num_micro, grads)
+    metrics = jax.tree.map(jnp.mean, metrics)
+    finite = _tree_all_finite(grads) & jnp.isfinite(metrics["losses/total"])
+    updates, new_opt = tx.update(grads, state.opt_state, state.params)
+    new_params = optax.apply_updates(state.params, updates)
+    keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+    metrics["losses/grad_norm"] = optax.tree.norm(grads)
+    metrics["losses/skipped"] = 1.0 - finite.astype(jnp.float32)
+    new_state = LearnerState(
+        params=keep(new_params, state.params),
+        opt_state=keep(new_opt, state.opt_state),
+        ref_params=state.ref_params,
+        step=state.step + 1,
+        skipped=state.skipped + (1 - finite.astype(jnp.int32)),
+    )
+    return new_state, metrics
+
+
+class RLLearner:
+    """Owns the jitted `prepare` / `train_step` programs and the KL controller.
+
+    `learner.update(state, batch, key) -> (state, metrics)` runs every PPO epoch and
+    minibatch of one collected batch; metrics are fetched to the host once per update.
+    """
+
+    def __init__(
+        self,
+        actor_critic,
+        hp: RLHyper,
+        tx: optax.GradientTransformation,
+        *,
+        ppo_epochs: int = 1,
+        minibatch_size: int = 16,
+        grad_accum: int = 1,
+        kl: KLController | None = None,
+        value_warmup_updates: int = 0,
+    ):
+        if minibatch_size % grad_accum:
+            raise ValueError(
+                f"rl.minibatch_size={minibatch_size} is not divisible by rl.grad_accum={grad_accum}"
+            )
+        self.hp, self.tx = hp, tx
+        self.ppo_epochs, self.minibatch_size, self.grad_accum = (
+            ppo_epochs,
+            minibatch_size,
+            grad_accum,
+        )
+        self.kl = kl or KLController("fixed", 0.0)
+        self.value_warmup_updates = value_warmup_updates
+        self.graphdef, _ = nnx.split(actor_critic)
+        self.ref_graphdef, _ = nnx.split(actor_critic.policy)
+        self._prepare = jax.jit(functools.partial(prepare, hp, self.graphdef, self.ref_graphdef))
+        self._train_step = jax.jit(
+            functools.partial(train_step, hp, self.graphdef, tx), donate_argnums=(0,)
+        )
+        self.updates = 0
+
+    def init_state(self, actor_critic) -> LearnerState:
+        """Fresh optimizer state; the reference policy is a frozen copy of the policy now."""
+        # Copies: a separate critic starts as a clone whose arrays alias the policy's,
+        # and donated buffers must be distinct.
+        params = jax.tree.map(jnp.copy, nnx.state(actor_critic))
+        ref_params = jax.tree.map(jnp.copy, nnx.state(actor_critic.policy))
+        return LearnerState(
+            params=params,
+            opt_state=self.tx.init(params),
+            ref_params=ref_params,
+            step=jnp.zeros((), jnp.int32),
+            skipped=jnp.zeros((), jnp.int32),
+        )
+
+    def update(self, state: LearnerState, batch: Batch, key) -> tuple[LearnerState, dict]:
+        arrays = {k: jnp.asarray(v) for k, v in batch.as_dict().items()}
+        kl_coef = jnp.float32(self.kl.value)
+        extras, prep_metrics = self._prepare(state, arrays, kl_coef)
+        arrays.update(extras)
+        policy_coef = jnp.float32(0.0 if self.updates < self.value_warmup_updates else 1.0)
+        rows = batch.shape[0]
+        mb_size = min(self.minibatch_size, rows)
+        num_mb = max(rows // mb_size, 1)
+        step_metrics = []
+        for epoch in range(self.ppo_epochs):
+            order = np.asarray(jax.random.permutation(jax.random.fold_in(key, epoch), rows))
+            for i in range(num_mb):
+                idx = order[i * mb_size : (i + 1) * mb_size]
+                accum = self.grad_accum if mb_size % self.grad_accum == 0 else 1
+                micro = {
+                    k: v[idx].reshape((accum, mb_size // accum) + v.shape[1:])
+                    for k, v in arrays.items()
+                }
+                state, m = self._train_step(state, micro, kl_coef, policy_coef)
+                step_metrics.append(m)
+        metrics = jax.device_get({**prep_metrics, **_mean_metrics(step_metrics)})
+        metrics = {k: float(v) for k, v in metrics.items()}
+        metrics["losses/skipped_total"] = float(state.skipped)
+        num_tokens = int(batch.action_mask.sum())
+        metrics["kl/coef"] = self.kl.value
+        self.kl.update(metrics["kl/ref_kl"], num_tokens)
+        self.updates += 1
+        return state, metrics
+
+
+def _mean_metrics(metrics: list[dict]) -> dict:
+    out = {k: jnp.mean(jnp.stack([m[k] for m in metrics])) for k in metrics[0]}
+    out["losses/skipped"] = jnp.sum(jnp.stack([m["losses/skipped"] for m in metrics]))
+    return out
+
+
+def make_learner(cfg, actor_critic, *, total_updates: int, episodes_per_update: int):
+    """Builds the RLLearner and optimizer the config asks for."""
+    hp = RLHyper.from_config(cfg)
+    steps_per_update = cfg.rl.ppo_epochs * max(
+        episodes_per_update // min(cfg.rl.minibatch_size, episodes_per_update), 1
+    )
+    schedule = optim.lr_schedule(
+        cfg.rl.lr_schedule,
+        cfg.rl.learning_rate,
+        total_steps=total_updates * steps_per_update,
+        steps_per_decay=max(200 // max(episodes_per_update, 1), 1) * steps_per_update,
+    )
+    tx = optim.adam(schedule, cfg.rl.max_grad_norm)
+    return RLLearner(
+        actor_critic,
+        hp,
+        tx,
+        ppo_epochs=cfg.rl.ppo_epochs,
+        minibatch_size=cfg.rl.minibatch_size,
+        grad_accum=cfg.rl.grad_accum,
+        kl=KLController.from_config(cfg.kl),
+        value_warmup_updates=cfg.rl.value_warmup_updates,
+    )

@@ -1,0 +1,36 @@
+"""Tiny models and batches for trainer tests."""
+
+import numpy as np
+from flax import nnx
+
+from jaxrl_agents.data import ACTION, PROMPT, Trajectory, pack
+from jaxrl_agents.models import ModelConfig, Transformer, build_actor_critic
+
+VOCAB = 32
+
+
+def tiny_actor_critic(seed=0, critic="head"):
+    cfg = ModelConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_layers=2,
+                      num_heads=2, num_kv_heads=1, head_dim=16)
+    policy = Transformer(cfg, rngs=nnx.Rngs(seed))
+    return build_actor_critic(policy, critic, rngs=nnx.Rngs(seed + 1))
+
+
+def random_batch(seed=0, episodes=8, turns=3, group_size=2):
+    """Multi-turn episodes with random tokens, sparse final rewards, grouped in pairs."""
+    rng = np.random.default_rng(seed)
+    trajs = []
+    for e in range(episodes):
+        tokens, types, ends = [], [], []
+        for _ in range(turns):
+            n_obs, n_act = rng.integers(2, 5), rng.integers(1, 4)
+            tokens += rng.integers(1, VOCAB, n_obs + n_act).tolist()
+            types += [PROMPT] * n_obs + [ACTION] * n_act
+            ends.append(len(tokens) - 1)
+        rewards = np.zeros(len(tokens), np.float32)
+        won = bool(rng.random() < 0.5)
+        rewards[ends[-1]] = float(won)
+        logprobs = np.where(np.array(types) == ACTION, -np.log(VOCAB), 0.0)
+        trajs.append(Trajectory(tokens, types, logprobs, rewards, ends, won=won,
+                                group_id=e // group_size))
+    return pack(trajs, length_buckets=(32, 64))

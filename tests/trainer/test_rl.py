@@ -1,0 +1,88 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from jaxrl_agents.trainer.kl_control import KLController
+from jaxrl_agents.trainer.rl import RLHyper, RLLearner
+from tests.trainer.helpers import random_batch, tiny_actor_critic
+
+
+def _learner(estimator, critic="head", **kw):
+    ac = tiny_actor_critic(critic=critic)
+    hp = RLHyper(estimator=estimator, entropy_coef=0.01, kl_where="loss")
+    learner = RLLearner(ac, hp, optax.adam(3e-3), ppo_epochs=1, minibatch_size=8, **kw)
+    return learner, learner.init_state(ac)
+
+
+@pytest.mark.parametrize("estimator", ["gae", "turn_gae", "rloo", "grpo", "reinforce_pp"])
+def test_each_estimator_lowers_its_loss_on_a_fixed_batch(estimator):
+    learner, state = _learner(estimator)
+    batch = random_batch(0)
+    key = jax.random.key(0)
+    losses = []
+    for i in range(6):
+        state, metrics = learner.update(state, batch, jax.random.fold_in(key, i))
+        losses.append(metrics["losses/total"])
+    assert np.all(np.isfinite(losses))
+    assert losses[-1] < losses[0], losses
+
+
+def test_separate_critic_and_grad_accumulation_run():
+    learner, state = _learner("gae", critic="separate", grad_accum=2)
+    batch = random_batch(1)
+    state, metrics = learner.update(state, batch, jax.random.key(1))
+    assert np.isfinite(metrics["losses/value"]) and metrics["losses/skipped"] == 0
+
+
+def test_first_ratio_is_one_when_logprobs_match_the_policy():
+    learner, state = _learner("gae")
+    batch = random_batch(2)
+    # Replace the sampling log-probs with the policy's own.
+    extras, _ = learner._prepare(state, {k: jnp.asarray(v) for k, v in batch.as_dict().items()},
+                                 jnp.float32(0.0))
+    batch.old_logprobs = np.asarray(extras["ref_logprobs"]) * batch.action_mask
+    learner.ppo_epochs = 1
+    learner.minibatch_size = batch.shape[0]
+    _, metrics = learner.update(state, batch, jax.random.key(0))
+    assert metrics["losses/ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert metrics["losses/clip_frac"] == 0.0
+    assert metrics["kl/ref_kl"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_non_finite_loss_skips_the_update_and_keeps_parameters():
+    learner, state = _learner("gae")
+    batch = random_batch(3)
+    batch.rewards[0, :] = np.nan
+    before = jax.tree.map(np.asarray, state.params)
+    state, metrics = learner.update(state, batch, jax.random.key(0))
+    after = jax.tree.map(np.asarray, state.params)
+    assert metrics["losses/skipped"] >= 1 and int(state.skipped) >= 1
+    for b, a in zip(jax.tree.leaves(before), jax.tree.leaves(after)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_value_warmup_leaves_the_policy_loss_out():
+    learner, state = _learner("gae", value_warmup_updates=1)
+    _, metrics = learner.update(state, random_batch(4), jax.random.key(0))
+    assert np.isfinite(metrics["losses/value"])
+
+
+def test_kl_controllers():
+    warm = KLController("warmup", coef=0.1, warmup_start=0.01, warmup_updates=4)
+    values = [warm.value] + [warm.update(0.0, 100) for _ in range(6)]
+    assert values[0] == 0.01 and values[4] == pytest.approx(0.1) and values[-1] == 0.1
+    assert all(b >= a for a, b in zip(values, values[1:]))
+    adaptive = KLController("adaptive", coef=0.1, target=0.05, horizon=100)
+    assert adaptive.update(0.5, 100) > 0.1  # KL above target: the coefficient grows
+    low = KLController("adaptive", coef=0.1, target=0.05, horizon=100)
+    assert low.update(0.0, 100) < 0.1
+    fixed = KLController("fixed", coef=0.1)
+    assert fixed.update(9.0, 100) == 0.1
+    state = adaptive.state_dict()
+    fresh = KLController("adaptive", coef=0.1)
+    fresh.load_state_dict(state)
+    assert fresh.value == adaptive.value
+    with pytest.raises(ValueError, match="kl.controller"):
+        KLController("magic", coef=0.1)
