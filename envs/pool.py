@@ -61,7 +61,8 @@ from envs.base import SpecError, StepResult, TaskSpec
 log = logging.getLogger(__name__)
 
 START_METHODS = ("exec", "spawn", "forkserver")
-_CLOSE_GRACE_S = 1.0
+_CLOSE_GRACE_S = 1.0  # seconds a closing worker gets to exit before it is killed
+_START_GRACE_S = 30.0  # seconds for a worker process to start, on top of building its envs
 
 
 def failed_result(error: str, reward: float = 0.0, **info) -> StepResult:
@@ -212,7 +213,8 @@ class EnvPool:
     """Environments from `specs` (envs.make dicts) in `num_workers` processes; see the module doc.
 
     timeout_s: seconds one env step may take before its worker is killed and replaced.
-    reset_timeout_s: the same for one env reset, and per env for building a worker's envs.
+    reset_timeout_s: the same for one env reset, and per env for building a worker's envs
+        (plus 30 s for the process to start).
     failure_reward: the reward of a failed result.
     start_method: "exec" (default), "spawn" or "forkserver".
     """
@@ -450,7 +452,7 @@ class EnvPool:
 
     def _await_ready(self, workers: list[_Worker]) -> dict[int, tuple[str, str]]:
         """Waits for the workers' "ready"; fills `_tasks`; returns {index: error} of the rest."""
-        start = time.monotonic()
+        start = time.monotonic() + _START_GRACE_S
         deadline = {w.index: start + self.reset_timeout_s * len(w.env_ids) for w in workers}
         waiting = {w.conn: w for w in workers}
         errors = {}

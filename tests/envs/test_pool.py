@@ -16,7 +16,8 @@ import envs
 from envs.pool import EnvPool
 
 FAULTS = {"hang_on": "hang", "crash_on": "crash", "raise_on": "raise"}
-TIMEOUT_S = 2.0
+HANG_TIMEOUT_S = 2.0  # for the pools where an env hangs on purpose
+CALM_TIMEOUT_S = 60.0  # elsewhere: never reached, even on a loaded machine
 
 
 def guess_specs(count, n=16, **extra):
@@ -35,8 +36,8 @@ def mixed_specs():
 
 
 def make_pool(specs, num_workers=2, **kwargs):
-    kwargs.setdefault("timeout_s", TIMEOUT_S)
-    kwargs.setdefault("reset_timeout_s", TIMEOUT_S)
+    kwargs.setdefault("timeout_s", CALM_TIMEOUT_S)
+    kwargs.setdefault("reset_timeout_s", CALM_TIMEOUT_S)
     return EnvPool(specs, num_workers, **kwargs)
 
 
@@ -165,7 +166,7 @@ def test_crash_inside_a_step_fails_that_worker_only():
 
 
 def test_hung_worker_is_killed_after_the_timeout_and_the_others_go_on():
-    with make_pool(guess_specs(4)) as pool:
+    with make_pool(guess_specs(4), timeout_s=HANG_TIMEOUT_S) as pool:
         pool.reset()
         old_pids = pool.worker_pids()
         actions = ["hang", pool.tasks[1].gold_actions[0], pool.tasks[2].gold_actions[0]]
@@ -180,7 +181,7 @@ def test_hung_worker_is_killed_after_the_timeout_and_the_others_go_on():
 
 
 def test_envs_of_a_replaced_worker_left_out_of_the_call_are_lost_until_reset():
-    with make_pool(guess_specs(4)) as pool:
+    with make_pool(guess_specs(4), timeout_s=HANG_TIMEOUT_S) as pool:
         pool.reset()
         results = pool.step([0], ["hang"])
         assert is_failed(results[0])
@@ -203,11 +204,11 @@ def test_worker_found_dead_before_a_reset_is_replaced_without_failing_it():
 
 def test_slow_reset_times_out_and_failure_reward_is_used():
     specs = [{"family": "toy", "sleep_s": 30.0}, {"family": "toy"}]
-    with make_pool(specs, reset_timeout_s=0.5, failure_reward=-1.0) as pool:
-        results = pool.reset()
-        assert is_failed(results[0]) and results[0].reward == -1.0
-        assert not is_failed(results[1])
+    with make_pool(specs, reset_timeout_s=HANG_TIMEOUT_S, failure_reward=-1.0) as pool:
+        result = pool.reset([0])[0]
+        assert is_failed(result) and result.reward == -1.0 and "timed out" in result.info["error"]
         assert pool.restarts == 1
+        assert not is_failed(pool.step([1], ["1"])[0])  # a fresh toy env plays before a reset
 
 
 def test_async_step_and_wait_match_step():
