@@ -1,0 +1,144 @@
+"""Supervised fine-tuning on golden trajectories: cross-entropy on action tokens only.
+
+The trajectories come from the episode driver with the environments' gold actions forced,
+so SFT sees exactly the token layout RL episodes have.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from jaxrl_agents import kernels
+from jaxrl_agents.data import Batch, Trajectory, pack
+from jaxrl_agents.trainer import optim
+
+
+def sft_loss(graphdef, params, batch: dict):
+    """Mean negative log-likelihood of the action tokens.  Returns (loss, metrics)."""
+    model = nnx.merge(graphdef, params)
+    logits = model(batch["input_ids"], batch["positions"], batch["valid"])
+    logp = kernels.next_token_logprobs(logits, batch["input_ids"])
+    mask = batch["action_mask"]
+    nll = -kernels.masked_mean(logp, mask)
+    predicted = kernels.shift_right(jnp.argmax(logits, axis=-1))
+    accuracy = kernels.masked_mean((predicted == batch["input_ids"]).astype(jnp.float32), mask)
+    return nll, {"sft/loss": nll, "sft/token_accuracy": accuracy}
+
+
+def _train_step(graphdef, tx, params, opt_state, batch):
+    (loss, metrics), grads = jax.value_and_grad(
+        functools.partial(sft_loss, graphdef), has_aux=True
+    )(params, batch)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, metrics
+
+
+def split_train_val(items: Sequence, val_fraction: float, seed: int) -> tuple[list, list]:
+    """Shuffles and holds out round(n * val_fraction) items (at least 1 when n >= 2)."""
+    order = np.random.default_rng(seed).permutation(len(items))
+    n_val = int(round(len(items) * val_fraction))
+    if val_fraction > 0 and len(items) >= 2:
+        n_val = min(max(n_val, 1), len(items) - 1)
+    val = [items[i] for i in order[:n_val]]
+    train = [items[i] for i in order[n_val:]]
+    return train, val
+
+
+class SFTTrainer:
+    """Fits a policy Transformer to golden trajectories; validation loss every epoch.
+
+    `fit(trajectories, on_epoch=None)` trains in place (the policy module is updated) and
+    returns the per-epoch history [{"epoch", "train_loss", "val_loss", ...}].
+    """
+
+    def __init__(
+        self,
+        policy,
+        *,
+        learning_rate: float,
+        batch_size: int,
+        epochs: int,
+        val_fraction: float,
+        seed: int = 0,
+        max_grad_norm: float = 1.0,
+        pad_id: int = 0,
+        length_buckets: Sequence[int] = (128, 256, 512, 1024),
+    ):
+        self.policy = policy
+        self.batch_size, self.epochs = batch_size, epochs
+        self.val_fraction, self.seed = val_fraction, seed
+        self.pad_id, self.length_buckets = pad_id, tuple(length_buckets)
+        self.tx = optim.adam(optax.constant_schedule(learning_rate), max_grad_norm)
+        self.graphdef, _ = nnx.split(policy)
+        self._step = jax.jit(functools.partial(_train_step, self.graphdef, self.tx))
+        self._eval = jax.jit(functools.partial(sft_loss, self.graphdef))
+
+    @classmethod
+    def from_config(cls, cfg, policy, *, pad_id: int) -> SFTTrainer:
+        return cls(
+            policy,
+            learning_rate=cfg.sft.learning_rate,
+            batch_size=cfg.sft.batch_size,
+            epochs=cfg.sft.epochs,
+            val_fraction=cfg.sft.val_fraction,
+            seed=cfg.seed,
+            max_grad_norm=cfg.rl.max_grad_norm,
+            pad_id=pad_id,
+            length_buckets=cfg.rollout.length_buckets,
+        )
+
+    def _pack(self, trajs: Sequence[Trajectory]) -> dict:
+        batch: Batch = pack(trajs, pad_id=self.pad_id, length_buckets=self.length_buckets)
+        return {k: jnp.asarray(v) for k, v in batch.as_dict().items()}
+
+    def evaluate(self, params, trajs: Sequence[Trajectory]) -> dict:
+        """Token-weighted mean loss and accuracy over `trajs`."""
+        totals, weight = {}, 0.0
+        for i in range(0, len(trajs), self.batch_size):
+            chunk = trajs[i : i + self.batch_size]
+            _, metrics = self._eval(params, self._pack(chunk))
+            n = sum(t.num_action_tokens for t in chunk)
+            for k, v in metrics.items():
+                totals[k] = totals.get(k, 0.0) + float(v) * n
+            weight += n
+        return {k: v / max(weight, 1.0) for k, v in totals.items()}
+
+    def fit(
+        self, trajectories: Sequence[Trajectory], on_epoch: Callable[[dict], None] | None = None
+    ) -> list[dict]:
+        if not trajectories:
+            raise ValueError("SFT needs at least one golden trajectory")
+        train, val = split_train_val(list(trajectories), self.val_fraction, self.seed)
+        params = nnx.state(self.policy)
+        opt_state = self.tx.init(params)
+        rng = np.random.default_rng(self.seed)
+        history = []
+        for epoch in range(self.epochs):
+            order = rng.permutation(len(train))
+            losses = []
+            for i in range(0, len(train), self.batch_size):
+                chunk = [train[j] for j in order[i : i + self.batch_size]]
+                params, opt_state, metrics = self._step(params, opt_state, self._pack(chunk))
+                losses.append(float(metrics["sft/loss"]))
+            row = {
+                "epoch": epoch + 1,
+                "train_loss": float(np.mean(losses)),
+                "num_train": len(train),
+                "num_val": len(val),
+            }
+            if val:
+                val_metrics = self.evaluate(params, val)
+                row["val_loss"] = val_metrics["sft/loss"]
+                row["val_token_accuracy"] = val_metrics["sft/token_accuracy"]
+            history.append(row)
+            if on_epoch is not None:
+                on_epoch(row)
+        nnx.update(self.policy, params)
+        return history
