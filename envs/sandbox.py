@@ -21,6 +21,18 @@
   * "rlimits" (neither works): resource limits, environment stripping and timeouts
     only. The network is NOT isolated; a warning is logged when this mode is chosen.
 
+The confinement is done by a launcher, this very file run as `python -I -S sandbox.py
+CONFIG CMD...` in a new session (no `preexec_fn`, so the caller may have threads): it
+unshares, mounts, sets the limits, drops privileges, then starts CMD (in "full" mode as
+PID 1 of the new PID namespace, killed with the launcher through PR_SET_PDEATHSIG, so the
+kernel kills whatever CMD forked when it ends). After each run every remaining process
+of the sandbox uid (one uid per host process) is killed.
+
+Known limits: memory is capped per process (RLIMIT_AS), not per sandbox (at most
+`processes` x `memory_bytes`); files outside the sandbox stay readable where their
+permissions allow it (only the writes are blocked); grading code that runs inside the
+same pytest process as the model's code trusts that process's report.
+
 Set JAXRL_SANDBOX_MODE to one of the three names to force a weaker mode (tests, debugging).
 """
 
@@ -29,6 +41,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import functools
+import json
 import logging
 import os
 import resource
@@ -56,19 +69,8 @@ MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC = 1, 2, 4, 32, 4096,
 MS_PRIVATE = 1 << 18
 PR_SET_NO_NEW_PRIVS = 38
 
-# Runs as the sandbox's first process in "full" mode: its child is PID 1 of the new PID
-# namespace, so when that child ends (or this shim is killed: PDEATHSIG) the kernel kills
-# every process left in the namespace, fork bombs included.
-_PID1_SHIM = (
-    "import ctypes, os, sys\n"
-    "pid = os.fork()\n"
-    "if pid == 0:\n"
-    "    ctypes.CDLL(None).prctl(1, 9)\n"  # PR_SET_PDEATHSIG, SIGKILL
-    "    os.execvp(sys.argv[1], sys.argv[1:])\n"
-    "_, status = os.waitpid(pid, 0)\n"
-    "code = os.waitstatus_to_exitcode(status)\n"
-    "sys.exit(code if code >= 0 else 128 - code)\n"
-)
+SETUP_FAILED = 125  # exit status of the launcher when it could not confine the command
+_SETUP_PREFIX = "sandbox setup failed: "
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,8 +166,8 @@ def _interpreter_exposures() -> dict[str, list[str]]:
     return out
 
 
-def _preexec(mode: str, root: str, limits: Limits, uid: int, exposures: dict) -> None:
-    """Runs in the child between fork and exec (as the caller's user)."""
+def _confine(mode: str, root: str, limits: Limits, uid: int, exposures: dict) -> None:
+    """Runs in the launcher process, as the caller's user, before the command starts."""
     libc = _Libc()
     if mode == "full":
         libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS)
@@ -178,15 +180,8 @@ def _preexec(mode: str, root: str, limits: Limits, uid: int, exposures: dict) ->
                 except OSError:
                     pass  # e.g. a mount that is already read-only with locked flags
         for top, paths in exposures.items():
-            fds = [os.open(p, os.O_PATH) for p in paths]
-            libc.mount("tmpfs", top, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=64k")
-            for path, fd in zip(paths, fds):
-                os.makedirs(path, exist_ok=True)
-                libc.mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
-                libc.mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY)
-                os.close(fd)
-            libc.mount(None, top, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
-        os.chdir(root)  # the cwd inherited from fork points below the read-only mount
+            _expose_read_only(libc, top, paths)
+        os.chdir(root)  # the old cwd points below the read-only mount
     elif mode == "userns":
         libc.unshare(CLONE_NEWUSER | CLONE_NEWNET)
     _set_limits(limits)
@@ -195,6 +190,44 @@ def _preexec(mode: str, root: str, limits: Limits, uid: int, exposures: dict) ->
         os.setgid(uid)
         os.setuid(uid)
         libc.no_new_privs()
+
+
+def _expose_read_only(libc: _Libc, top: str, paths: list[str]) -> None:
+    """Hides `top` under an empty tmpfs, then binds `paths` (below it) back, read-only."""
+    fds = [os.open(p, os.O_PATH) for p in paths]
+    libc.mount("tmpfs", top, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=64k")
+    for path, fd in zip(paths, fds):
+        os.makedirs(path, exist_ok=True)
+        libc.mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
+        libc.mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY)
+        os.close(fd)
+    libc.mount(None, top, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+
+
+def _launch(config_json: str, argv: list[str]) -> None:
+    """The launcher (`python -I -S sandbox.py CONFIG CMD...`): confine, then run CMD.
+
+    In "full" mode CMD runs as PID 1 of the new PID namespace (a child of the launcher
+    with PDEATHSIG=SIGKILL): when it ends, or the launcher is killed, the kernel kills
+    every process left in the namespace, fork bombs included.
+    """
+    config = json.loads(config_json)
+    mode = config["mode"]
+    try:
+        _confine(mode, config["root"], Limits(**config["limits"]), config["uid"],
+                 config["exposures"])
+    except Exception as exc:  # reported to the parent through the exit status
+        sys.stderr.write(f"{_SETUP_PREFIX}{exc!r}\n")
+        os._exit(SETUP_FAILED)
+    if mode != "full":
+        os.execvp(argv[0], argv)
+    pid = os.fork()
+    if pid == 0:
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        os.execvp(argv[0], argv)
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    os._exit(code if code >= 0 else 128 - code)
 
 
 def _set_limits(limits: Limits) -> None:
@@ -237,8 +270,10 @@ def _execute(argv: list[str], root: str, limits: Limits, mode: str,
              wall_seconds: float) -> RunResult:
     uid = _sandbox_uid()
     exposures = _interpreter_exposures() if mode == "full" else {}
+    config = {"mode": mode, "root": root, "limits": dataclasses.asdict(limits), "uid": uid,
+              "exposures": exposures}
+    argv = [sys.executable, "-I", "-S", os.path.abspath(__file__), json.dumps(config), *argv]
     if mode == "full":
-        argv = [sys.executable, "-I", "-S", "-c", _PID1_SHIM, *argv]
         _chown_tree(root, uid)
     os.makedirs(os.path.join(root, ".tmp"), exist_ok=True)
     if mode == "full":
@@ -250,7 +285,6 @@ def _execute(argv: list[str], root: str, limits: Limits, mode: str,
                 proc = subprocess.Popen(
                     argv, cwd=root, env=_clean_env(root), stdin=subprocess.DEVNULL,
                     stdout=out, stderr=err, start_new_session=True, close_fds=True,
-                    preexec_fn=lambda: _preexec(mode, root, limits, uid, exposures),
                 )
             except (OSError, subprocess.SubprocessError) as exc:
                 return RunResult(None, "", "", False, mode, error=f"could not start: {exc}")
@@ -266,7 +300,11 @@ def _execute(argv: list[str], root: str, limits: Limits, mode: str,
                 _reap_uid(uid)
         stdout = _read_bounded(out_path, limits.output_chars)
         stderr = _read_bounded(err_path, limits.output_chars)
-    return RunResult(None if timed_out else proc.returncode, stdout, stderr, timed_out, mode)
+    error = ""
+    if proc.returncode == SETUP_FAILED and stderr.startswith(_SETUP_PREFIX):
+        error = stderr.strip()
+    return RunResult(None if timed_out else proc.returncode, stdout, stderr, timed_out, mode,
+                     error=error)
 
 
 def _kill_group(pgid: int) -> None:
@@ -390,3 +428,7 @@ class Sandbox:
 
     def __exit__(self, *exc):
         self.close()
+
+
+if __name__ == "__main__":
+    _launch(sys.argv[1], sys.argv[2:])

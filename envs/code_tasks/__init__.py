@@ -65,14 +65,34 @@ def _load_module(source: str, name: str) -> types.ModuleType:
     return module
 
 
+# Results are compared as plain built-in values, so an object that claims to equal
+# everything (a custom __eq__) cannot pass a test.
+_CHECK_HELPER = '''
+
+def plain(value):
+    kind = type(value)
+    if kind in (int, float, str, bool, type(None)):
+        return value
+    if kind in (list, tuple):
+        return kind(plain(item) for item in value)
+    if kind is dict:
+        return {plain(k): plain(v) for k, v in value.items()}
+    raise AssertionError(f"unexpected result type {kind.__name__}")
+
+
+def check(got, want):
+    assert plain(got) == want
+'''
+
+
 def _test_source(mod: str, tests: list[tuple[str, str, tuple, tuple]]) -> str:
-    parts = [f'"""Tests for {mod}."""\n\nimport pytest\n\nimport {mod}\n']
+    parts = [f'"""Tests for {mod}."""\n\nimport pytest\n\nimport {mod}\n{_CHECK_HELPER}']
     for name, func, args, (kind, value) in tests:
         call = f"{mod}.{func}({', '.join(repr(a) for a in args)})"
         if kind == "raises":
             body = f"    with pytest.raises({value}):\n        {call}"
         else:
-            body = f"    assert {call} == {value!r}"
+            body = f"    check({call}, {value!r})"
         parts.append(f"\ndef {name}():\n{body}\n")
     return "\n".join(parts)
 

@@ -8,6 +8,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 import envs
+from envs import sandbox
 from envs.code_env import USAGE, parse_pytest_summary, pytest_argv
 from envs.code_tasks import SPLITS, TASK_FAMILIES, apply_patch, generate_task
 
@@ -189,16 +190,17 @@ def test_escapes_through_the_repo_code_fail_safely(tmp_path):
     env.reset()
     module = env.instance["module"] + ".py"
     outside = tmp_path / "escape_x"
+    blocked = sandbox.isolation_mode() == "full"  # the weaker modes do not block writes
     payload = ("import glob as _g, os as _os\n"
                "for _p in _g.glob('tests/*.py'):\n    _os.remove(_p)\n"
                f"try:\n    open({str(outside)!r}, 'w').write('x')\nexcept OSError:\n    pass\n"
                "_os._exit(0)")
     env.step(f"edit {module} 1-0\n{payload}")
     result = env.step("run_tests")
-    assert not result.done and not outside.exists()
+    assert not result.done and not (blocked and outside.exists())
     assert result.observation.count("FAIL ") == len(env.tests)
     result = env.step("submit")
-    assert result.done and result.reward == 0.0 and not outside.exists()
+    assert result.done and result.reward == 0.0 and not (blocked and outside.exists())
     # a deletion never outlives its run: drop the payload, fix the bug, and every test is back
     env.reset()
     env.step(f"edit {module} 1-0\n{payload}")
@@ -206,7 +208,7 @@ def test_escapes_through_the_repo_code_fail_safely(tmp_path):
     env.step(f"edit {module} 1-{len(payload.splitlines())}")
     assert env.files == env.instance["files"]
     result = play_from_here(env, env.task.gold_actions)
-    assert result.won and result.reward == 1.0 and not outside.exists()
+    assert result.won and result.reward == 1.0 and not (blocked and outside.exists())
 
 
 def play_from_here(env, actions):
@@ -293,3 +295,14 @@ def test_observation_uses_the_state_template():
     raw = make(task_family="wrong_default", seed=0, obs_format="raw").reset().observation
     assert "[Room]" not in raw and env.instance["problem_statement"] in raw
     assert USAGE.splitlines()[0] in obs
+
+
+def test_an_object_equal_to_everything_does_not_pass():
+    env = make(task_family="wrong_operator", seed=3)
+    env.reset()
+    module = env.instance["module"] + ".py"
+    n = len(env.files[module].splitlines())
+    hack = ("class _Equal:\n    def __eq__(self, other):\n        return True\n\n\n"
+            "def __getattr__(name):\n    return lambda *args, **kwargs: _Equal()")
+    result = play_from_here(env, [f"edit {module} 1-{n}\n{hack}", "submit"])
+    assert result.done and result.reward == 0.0
