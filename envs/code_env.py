@@ -244,6 +244,8 @@ class CodeEnv:
             if parsed is None:
                 return f"Bad line range {span[:40]!r}; write START-END, e.g. 1-20.\n{USAGE}", True
             start, end = max(1, parsed[0]), min(len(lines), parsed[1])
+            if start > end:
+                return f"{path} has {len(lines)} lines; lines {span[:40]} show nothing.", True
         self.current_file = path
         shown = _numbered(lines, start, end)
         more = f"\n... {len(lines) - end} more lines" if end < len(lines) else ""

@@ -26,7 +26,7 @@ CONFIG CMD...` in a new session (no `preexec_fn`, so the caller may have threads
 unshares, mounts, sets the limits, drops privileges, then starts CMD (in "full" mode as
 PID 1 of the new PID namespace, killed with the launcher through PR_SET_PDEATHSIG, so the
 kernel kills whatever CMD forked when it ends). After each run every remaining process
-of the sandbox uid (one uid per host process) is killed.
+of the sandbox's uid (leased by one Sandbox alone, see _UidLease) is killed.
 
 Known limits: memory is capped per process (RLIMIT_AS), not per sandbox (at most
 `processes` x `memory_bytes`); files outside the sandbox stay readable where their
@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import fcntl
 import functools
 import json
 import logging
@@ -102,10 +103,35 @@ class RunResult:
         return (self.stdout + ("\n" + self.stderr if self.stderr.strip() else "")).strip()
 
 
-def _sandbox_uid() -> int:
-    """One unprivileged uid per host process, so RLIMIT_NPROC (per uid) is not shared
-    between the sandboxes of parallel env workers. No passwd entry is needed."""
-    return 100_000 + os.getpid() % 100_000
+UID_BASE, UID_SLOTS = 100_000, 4096
+_LEASE_DIR = os.path.join(tempfile.gettempdir(), "jaxrl_sandbox_uids")
+
+
+class _UidLease:
+    """An unprivileged uid held by one Sandbox alone, across processes (an flock on a
+    slot file, released on close or when the process dies). Owning the uid alone keeps
+    RLIMIT_NPROC (counted per uid) and the post-run kill of the uid's processes from
+    touching other sandboxes. No passwd entry is needed."""
+
+    def __init__(self):
+        os.makedirs(_LEASE_DIR, mode=0o700, exist_ok=True)
+        first = os.getpid() % UID_SLOTS
+        for k in range(UID_SLOTS):
+            slot = (first + k) % UID_SLOTS
+            fd = os.open(os.path.join(_LEASE_DIR, f"{slot}.lock"), os.O_CREAT | os.O_RDWR, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                continue
+            self.fd, self.uid = fd, UID_BASE + slot
+            return
+        raise RuntimeError(f"all {UID_SLOTS} sandbox uids are in use ({_LEASE_DIR})")
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
 class _Libc:
@@ -266,9 +292,8 @@ def _read_bounded(path: str, limit: int) -> str:
     return text
 
 
-def _execute(argv: list[str], root: str, limits: Limits, mode: str,
-             wall_seconds: float) -> RunResult:
-    uid = _sandbox_uid()
+def _execute(argv: list[str], root: str, limits: Limits, mode: str, wall_seconds: float,
+             uid: int) -> RunResult:
     exposures = _interpreter_exposures() if mode == "full" else {}
     config = {"mode": mode, "root": root, "limits": dataclasses.asdict(limits), "uid": uid,
               "exposures": exposures}
@@ -367,8 +392,12 @@ def isolation_mode() -> str:
         probe_dir = tempfile.mkdtemp(prefix="sandbox_probe_")
         try:
             os.chmod(probe_dir, 0o755)
-            res = _execute([sys.executable, "-I", "-c", "print('ok')"], probe_dir, Limits(),
-                           mode, wall_seconds=30)
+            lease = _UidLease()
+            try:
+                res = _execute([sys.executable, "-I", "-c", "print('ok')"], probe_dir,
+                               Limits(), mode, wall_seconds=30, uid=lease.uid)
+            finally:
+                lease.release()
             if res.returncode == 0 and res.stdout.strip() == "ok":
                 log.info("sandbox isolation mode: %s", mode)
                 return mode
@@ -391,6 +420,7 @@ class Sandbox:
 
     def __init__(self, limits: Limits | None = None, parent_dir: str | None = None):
         self.limits = limits or Limits()
+        self._lease: _UidLease | None = None
         self.path = tempfile.mkdtemp(prefix="code_env_", dir=parent_dir)
         os.chmod(self.path, 0o711)  # the unprivileged uid must be able to enter it
 
@@ -413,9 +443,20 @@ class Sandbox:
         if os.path.commonpath([cwd, os.path.realpath(self.path)]) != os.path.realpath(self.path):
             raise ValueError(f"cwd {cwd!r} is outside the sandbox {self.path!r}")
         wall = self.limits.wall_seconds if wall_seconds is None else wall_seconds
-        return _execute(list(argv), cwd, self.limits, isolation_mode(), wall)
+        mode = isolation_mode()
+        if mode == "full" and self._lease is None:
+            self._lease = _UidLease()
+        return _execute(list(argv), cwd, self.limits, mode, wall, self.uid)
+
+    @property
+    def uid(self) -> int:
+        """The uid the commands run as ("full" mode; -1 before the first run)."""
+        return self._lease.uid if self._lease is not None else -1
 
     def close(self) -> None:
+        if getattr(self, "_lease", None) is not None:
+            self._lease.release()
+            self._lease = None
         if getattr(self, "path", None):
             shutil.rmtree(self.path, ignore_errors=True)
             self.path = ""

@@ -161,6 +161,7 @@ def test_view_search_edit_and_read_only_tests():
     module = env.instance["module"] + ".py"
     test_file = env.instance["test_files"][0]
     assert "1|" in env.step(f"view {module} 1-3").observation
+    assert env.step(f"view {module} 900-910").info["invalid"]
     assert "[Room] repository" in env.step(f"view {module}").observation
     assert "tests/" in env.step("view tests").observation
     assert f"{module}:" in env.step("search def ").observation

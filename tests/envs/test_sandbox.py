@@ -113,7 +113,7 @@ def test_fork_bomb_is_contained_and_cleaned_up(box):
     res, _ = run_py(box, code, wall_seconds=4)
     assert res.timed_out or res.returncode != 0
     if MODE == "full":
-        assert sandbox._live_processes(sandbox._sandbox_uid()) == []  # zombies aside
+        assert sandbox._live_processes(box.uid) == []  # zombies aside
     after, _ = run_py(box, "print('still works')")
     assert after.stdout.strip() == "still works"
 
@@ -150,6 +150,18 @@ def test_output_is_bounded(box):
 def test_cwd_outside_the_sandbox_is_refused(box, tmp_path):
     with pytest.raises(ValueError, match="outside the sandbox"):
         box.run([sys.executable, "-c", "pass"], cwd=str(tmp_path))
+
+
+def test_sandboxes_get_distinct_uids():
+    a, b = Sandbox(), Sandbox()
+    try:
+        a.run([sys.executable, "-c", "pass"])
+        b.run([sys.executable, "-c", "pass"])
+        if MODE == "full":
+            assert a.uid != b.uid and min(a.uid, b.uid) >= sandbox.UID_BASE
+    finally:
+        a.close()
+        b.close()
 
 
 def test_close_removes_the_directory():
