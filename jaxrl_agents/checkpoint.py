@@ -132,6 +132,26 @@ def _from_storable(restored, template_leaf):
     return restored
 
 
+def _plain_json(obj, key: str = "meta"):
+    """`meta` as plain JSON values: NumPy / JAX scalars and arrays become Python numbers
+    and lists, tuples become lists. Anything else that JSON cannot hold is a TypeError
+    naming its key."""
+    if isinstance(obj, Mapping):
+        out = {}
+        for k, v in obj.items():
+            if not isinstance(k, str):
+                raise TypeError(f"checkpoint {key} keys must be strings; got {k!r}")
+            out[k] = _plain_json(v, f"{key}.{k}")
+        return out
+    if isinstance(obj, (list, tuple)):
+        return [_plain_json(v, f"{key}[{i}]") for i, v in enumerate(obj)]
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if isinstance(obj, (np.generic, np.ndarray, jax.Array)) and not _is_typed_key(obj):
+        return np.asarray(obj).tolist()
+    raise TypeError(f"checkpoint {key} holds a {type(obj).__name__}, which JSON cannot store")
+
+
 class Checkpointer:
     """Keeps the last `keep` checkpoints of a run under `directory`.
 
@@ -159,6 +179,9 @@ class Checkpointer:
     def save(self, step: int, state: Mapping, meta: Mapping | None = None) -> bool:
         """Starts saving `state` (dict of pytrees) and `meta` (JSON dict) as `step`.
 
+        `meta` comes back from `restore` as plain JSON: tuples as lists, NumPy scalars
+        as Python numbers.
+
         Returns False, saving nothing, if `step` is already on disk (e.g. the final save
         of a run that just checkpointed that step). Arrays are copied before returning,
         so the caller may donate or update them at once.
@@ -168,7 +191,7 @@ class Checkpointer:
             return False
         tree = _nest((names, _to_storable(leaf)) for names, leaf in _leaf_paths(state))
         args = ocp.args.Composite(
-            **{STATE: ocp.args.StandardSave(tree), META: ocp.args.JsonSave(dict(meta or {}))}
+            **{STATE: ocp.args.StandardSave(tree), META: ocp.args.JsonSave(_plain_json(meta or {}))}
         )
         return bool(self._manager.save(step, args=args, force=True))
 

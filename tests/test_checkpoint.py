@@ -110,6 +110,11 @@ def test_retention_and_errors(tmp_path):
         ckpt.restore(template={"w": jnp.zeros(3), "critic": {"w": jnp.zeros(3)}})
     with pytest.raises(TypeError, match="dict of pytrees"):
         ckpt.save(9, [jnp.zeros(3)])
+    with pytest.raises(TypeError, match="meta.controller.fn"):
+        ckpt.save(9, {"w": jnp.zeros(3)}, {"controller": {"fn": print}})
+    ckpt.save(6, {"w": jnp.zeros(3)}, {"coef": np.float32(0.5), "pos": (1, jnp.int32(2))})
+    ckpt.wait()
+    assert ckpt.restore(6, template={"w": jnp.zeros(3)})[1] == {"coef": 0.5, "pos": [1, 2]}
     ckpt.close()
 
 
@@ -208,6 +213,14 @@ def test_reshard_and_sigkill_during_save(tmp_path):
             assert meta == {"step": step}
             np.testing.assert_array_equal(np.asarray(state["params"]["w"]), float(step))
             np.testing.assert_array_equal(state["rng"], jax.random.PRNGKey(step))
+        # The resumed run saves the half-written step again, over orbax's leftovers.
+        redo = min(half_written)
+        state = {"params": {"w": jnp.full(BIG, -1.0)}, "rng": jax.random.PRNGKey(redo)}
+        assert ckpt.save(redo, state, {"step": redo})
+        ckpt.wait()
+        assert ckpt.latest_step() == redo
+        again, _ = ckpt.restore(template=template)
+        assert leaves_equal(again, state)
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["child"]:
