@@ -4,6 +4,7 @@ Faults come from the toy env's injection keys: `hang_on` (step sleeps forever), 
 (the worker kills itself), `raise_on` (step raises), `sleep_s` (every call sleeps).
 """
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -283,3 +284,17 @@ def test_workers_of_a_script_that_imports_jax_first_do_not_load_jax(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "1"]
+
+
+def test_the_env_bench_runs_on_the_toy_family(capsys):
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "envs.py")
+    spec = importlib.util.spec_from_file_location("bench_envs", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    bench.main(["--families", "toy", "--seconds", "0.2", "--envs", "2"])
+    lines = capsys.readouterr().out.splitlines()
+    rows = [line.split() for line in lines if line.startswith("toy ")]
+    assert [(row[1], row[2]) for row in rows] == [
+        (policy, where) for where in ("in-proc", "1", "2") for policy in ("gold", "random")
+    ]
+    assert all(int(row[5]) > 0 and row[7] == "0" for row in rows)  # episodes played, none failed
