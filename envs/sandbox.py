@@ -16,6 +16,10 @@
     read-only on a tmpfs that hides the rest of them; then the process drops to an
     unprivileged uid/gid (no capabilities, `no_new_privs`). The network namespace has
     only a down loopback, so every connect fails with "Network is unreachable".
+  * "uid" (root, but namespaces are refused, e.g. a locked-down container): only the drop
+    to the unprivileged uid, so writes succeed only where any user may write (/tmp,
+    /var/tmp) and the process limit holds; the network is NOT isolated (warning logged).
+    The interpreter must be usable by other users (not under /root).
   * "userns" (not root, unprivileged user namespaces allowed): a user + network
     namespace, so no network; file writes are limited by the caller's own permissions.
   * "rlimits" (neither works): resource limits, environment stripping and timeouts
@@ -57,7 +61,8 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-MODES = ("full", "userns", "rlimits")
+MODES = ("full", "uid", "userns", "rlimits")
+DROPS_UID = ("full", "uid")  # the modes that run commands as a leased unprivileged uid
 
 # Linux constants (sched.h, sys/mount.h, sys/prctl.h); Python 3.11 has no os.unshare.
 CLONE_NEWNS = 0x00020000
@@ -211,7 +216,7 @@ def _confine(mode: str, root: str, limits: Limits, uid: int, exposures: dict) ->
     elif mode == "userns":
         libc.unshare(CLONE_NEWUSER | CLONE_NEWNET)
     _set_limits(limits)
-    if mode == "full":
+    if mode in DROPS_UID:
         os.setgroups([])
         os.setgid(uid)
         os.setuid(uid)
@@ -230,6 +235,14 @@ def _expose_read_only(libc: _Libc, top: str, paths: list[str]) -> None:
     libc.mount(None, top, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
 
 
+def _exec(argv: list[str]) -> None:
+    try:
+        os.execvp(argv[0], argv)
+    except OSError as exc:
+        sys.stderr.write(f"sandbox: cannot run {argv[0]!r}: {exc}\n")
+        os._exit(127)
+
+
 def _launch(config_json: str, argv: list[str]) -> None:
     """The launcher (`python -I -S sandbox.py CONFIG CMD...`): confine, then run CMD.
 
@@ -246,11 +259,11 @@ def _launch(config_json: str, argv: list[str]) -> None:
         sys.stderr.write(f"{_SETUP_PREFIX}{exc!r}\n")
         os._exit(SETUP_FAILED)
     if mode != "full":
-        os.execvp(argv[0], argv)
+        _exec(argv)
     pid = os.fork()
     if pid == 0:
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        os.execvp(argv[0], argv)
+        _exec(argv)
     _, status = os.waitpid(pid, 0)
     code = os.waitstatus_to_exitcode(status)
     os._exit(code if code >= 0 else 128 - code)
@@ -298,10 +311,10 @@ def _execute(argv: list[str], root: str, limits: Limits, mode: str, wall_seconds
     config = {"mode": mode, "root": root, "limits": dataclasses.asdict(limits), "uid": uid,
               "exposures": exposures}
     argv = [sys.executable, "-I", "-S", os.path.abspath(__file__), json.dumps(config), *argv]
-    if mode == "full":
+    if mode in DROPS_UID:
         _chown_tree(root, uid)
     os.makedirs(os.path.join(root, ".tmp"), exist_ok=True)
-    if mode == "full":
+    if mode in DROPS_UID:
         os.chown(os.path.join(root, ".tmp"), uid, uid)
     with tempfile.TemporaryDirectory(prefix="sandbox_io_") as io_dir:
         out_path, err_path = os.path.join(io_dir, "out"), os.path.join(io_dir, "err")
@@ -321,7 +334,7 @@ def _execute(argv: list[str], root: str, limits: Limits, mode: str, wall_seconds
             _kill_group(proc.pid)
             if timed_out:
                 proc.wait()
-            if mode == "full":
+            if mode in DROPS_UID:
                 _reap_uid(uid)
         stdout = _read_bounded(out_path, limits.output_chars)
         stderr = _read_bounded(err_path, limits.output_chars)
@@ -387,7 +400,7 @@ def isolation_mode() -> str:
         if forced not in MODES:
             raise ValueError(f"JAXRL_SANDBOX_MODE={forced!r}; valid: {list(MODES)}")
         return forced
-    candidates = ["full", "userns"] if os.geteuid() == 0 else ["userns"]
+    candidates = ["full", "uid"] if os.geteuid() == 0 else ["userns"]
     for mode in candidates:
         probe_dir = tempfile.mkdtemp(prefix="sandbox_probe_")
         try:
@@ -399,7 +412,7 @@ def isolation_mode() -> str:
             finally:
                 lease.release()
             if res.returncode == 0 and res.stdout.strip() == "ok":
-                log.info("sandbox isolation mode: %s", mode)
+                _log_choice(mode)
                 return mode
             log.info("sandbox mode %s unavailable: %s", mode, res.error or res.output[-300:])
         finally:
@@ -409,6 +422,14 @@ def isolation_mode() -> str:
         "a stripped environment and timeouts only (network and file system NOT isolated)"
     )
     return "rlimits"
+
+
+def _log_choice(mode: str) -> None:
+    if mode == "full":
+        log.info("sandbox isolation mode: full")
+    else:
+        log.warning("sandbox isolation mode: %s (weaker than 'full'; see envs/sandbox.py): "
+                    "the network is %sisolated", mode, "" if mode == "userns" else "NOT ")
 
 
 class Sandbox:
@@ -444,13 +465,13 @@ class Sandbox:
             raise ValueError(f"cwd {cwd!r} is outside the sandbox {self.path!r}")
         wall = self.limits.wall_seconds if wall_seconds is None else wall_seconds
         mode = isolation_mode()
-        if mode == "full" and self._lease is None:
+        if mode in DROPS_UID and self._lease is None:
             self._lease = _UidLease()
         return _execute(list(argv), cwd, self.limits, mode, wall, self.uid)
 
     @property
     def uid(self) -> int:
-        """The uid the commands run as ("full" mode; -1 before the first run)."""
+        """The uid the commands run as (modes DROPS_UID; -1 before the first run)."""
         return self._lease.uid if self._lease is not None else -1
 
     def close(self) -> None:

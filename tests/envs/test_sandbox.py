@@ -13,7 +13,7 @@ from envs.sandbox import Limits, Sandbox
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MODE = sandbox.isolation_mode()
-needs_netns = pytest.mark.skipif(MODE == "rlimits", reason="no network namespace here")
+needs_netns = pytest.mark.skipif(MODE in ("uid", "rlimits"), reason="no network namespace here")
 needs_full = pytest.mark.skipif(MODE != "full", reason="needs the root (namespace) mode")
 
 
