@@ -171,7 +171,8 @@ class Checkpointer:
             cleanup_tmp_directories=True,
             enable_async_checkpointing=async_save,
         )
-        handlers = {STATE: ocp.StandardCheckpointHandler(), META: ocp.JsonCheckpointHandler()}
+        # PyTree (not Standard) handler: same files, and it can restore a subset.
+        handlers = {STATE: ocp.PyTreeCheckpointHandler(), META: ocp.JsonCheckpointHandler()}
         self._manager = ocp.CheckpointManager(
             self.directory, options=options, item_handlers=handlers
         )
@@ -191,7 +192,7 @@ class Checkpointer:
             return False
         tree = _nest((names, _to_storable(leaf)) for names, leaf in _leaf_paths(state))
         args = ocp.args.Composite(
-            **{STATE: ocp.args.StandardSave(tree), META: ocp.args.JsonSave(_plain_json(meta or {}))}
+            **{STATE: ocp.args.PyTreeSave(tree), META: ocp.args.JsonSave(_plain_json(meta or {}))}
         )
         return bool(self._manager.save(step, args=args, force=True))
 
@@ -202,7 +203,9 @@ class Checkpointer:
     def all_steps(self) -> list[int]:
         return sorted(self._manager.all_steps())
 
-    def restore(self, step: int | None = None, *, template: Mapping | None = None):
+    def restore(
+        self, step: int | None = None, *, template: Mapping | None = None, partial: bool = False
+    ):
         """Loads checkpoint `step` (default: the latest) -> (state, meta).
 
         template: a state of the same structure (e.g. freshly initialised params and
@@ -210,8 +213,10 @@ class Checkpointer:
           the restored state has its structure, shapes, dtypes and shardings. A leaf of
           the template missing from the checkpoint raises KeyError naming it; a shape
           mismatch raises ValueError. Without a template the state comes back as the
-          nested dict it is stored as (names from the tree paths; typed keys as key
-          data), e.g. to read parameters for evaluation.
+          nested dict it is stored as (names from the tree paths), as NumPy arrays
+          (typed keys as their key data).
+        partial: restore only what the template holds and ignore the checkpoint's other
+          entries (e.g. `template={"params": params}` for evaluation).
         """
         if step is None:
             step = self.latest_step()
@@ -223,13 +228,13 @@ class Checkpointer:
                 f"no checkpoint for step {step} in {self.directory}; have {self.all_steps()}"
             )
         if template is None:
-            restored = self._restore(step, None)
+            restored = self._restore(step, None, partial=False)
             return restored[STATE], dict(restored[META])
 
         template_leaves = _leaf_paths(template)
         target = _nest((names, _abstract(leaf)) for names, leaf in template_leaves)
-        self._check_against_metadata(step, template_leaves, target)
-        restored = self._restore(step, target)
+        self._check_against_metadata(step, template_leaves, target, partial)
+        restored = self._restore(step, target, partial=partial)
         leaves = [
             _from_storable(_lookup(restored[STATE], names), leaf)
             for names, leaf in template_leaves
@@ -237,15 +242,39 @@ class Checkpointer:
         treedef = jax.tree_util.tree_structure(dict(template))
         return jax.tree_util.tree_unflatten(treedef, leaves), dict(restored[META])
 
-    def _restore(self, step: int, target):
-        state_args = ocp.args.StandardRestore(target)
+    def _restore(self, step: int, target, *, partial: bool):
+        if target is None:  # everything, as NumPy (safe on any topology)
+            stored = self._stored_tree(step)
+            as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), stored)
+            state_args = ocp.args.PyTreeRestore(item=stored, restore_args=as_numpy)
+        else:
+            restore_args = ocp.checkpoint_utils.construct_restore_args(target)
+            state_args = ocp.args.PyTreeRestore(
+                item=target, restore_args=restore_args, partial_restore=partial
+            )
         args = ocp.args.Composite(**{STATE: state_args, META: ocp.args.JsonRestore()})
         return self._manager.restore(step, args=args)
 
-    def _check_against_metadata(self, step: int, template_leaves, target) -> None:
-        """Clear errors for a template that does not match the stored leaves."""
+    def _stored_tree(self, step: int) -> dict:
+        """The nested dict of stored leaves' metadata (shape, dtype, ...)."""
         stored = self._manager.item_metadata(step)[STATE]
-        stored = getattr(stored, "tree", stored)  # TreeMetadata wraps the nested dict
+        return getattr(stored, "tree", stored)  # TreeMetadata wraps the nested dict
+
+    def _check_against_metadata(self, step: int, template_leaves, target, partial) -> None:
+        """Clear errors for a template that does not match the stored leaves."""
+        stored = self._stored_tree(step)
+        if not partial:
+            flat, _ = jax.tree_util.tree_flatten_with_path(stored)
+            extra = sorted(
+                {"/".join(_key_name(k) for k in path) for path, _ in flat}
+                - {"/".join(names) for names, _ in template_leaves}
+            )
+            if extra:
+                raise ValueError(
+                    f"checkpoint holds leaves the template lacks: {extra[:5]}"
+                    f"{' ...' if len(extra) > 5 else ''}; pass partial=True to restore "
+                    "only the template's"
+                )
         for names, _ in template_leaves:
             meta = _lookup(stored, names)
             want = tuple(_lookup(target, names).shape)

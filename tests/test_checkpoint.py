@@ -80,7 +80,12 @@ def test_nnx_optax_round_trip(tmp_path):
         assert type(restored["opt_state"][0]) is type(state["opt_state"][0])
         assert isinstance(restored["host_buffer"], np.ndarray)
         assert restored["updates_done"] == 1 and isinstance(restored["updates_done"], int)
-        raw, _ = ckpt.restore(7)  # no template: the stored nested dict
+        params_only, _ = ckpt.restore(template={"params": template["params"]}, partial=True)
+        assert leaves_equal(params_only["params"], state["params"])
+        with pytest.raises(ValueError, match="partial=True"):
+            ckpt.restore(template={"params": template["params"]})
+        raw, _ = ckpt.restore(7)  # no template: the stored nested dict, as NumPy
+        assert isinstance(raw["opt_state"]["0"]["mu"]["bias"]["value"], np.ndarray)
         np.testing.assert_array_equal(
             raw["params"]["kernel"]["value"], state["params"]["kernel"][...]
         )
