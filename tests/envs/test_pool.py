@@ -298,3 +298,30 @@ def test_the_env_bench_runs_on_the_toy_family(capsys):
         (policy, where) for where in ("in-proc", "1", "2") for policy in ("gold", "random")
     ]
     assert all(int(row[5]) > 0 and row[7] == "0" for row in rows)  # episodes played, none failed
+
+
+def flaky_env(spec):
+    """A toy env that builds once; later builds (a restarted worker) raise while `marker` exists."""
+    if os.path.exists(spec["marker"]):
+        raise RuntimeError("flaky env: cannot be rebuilt")
+    open(spec["marker"], "w").close()
+    return envs.make({"family": "toy"})
+
+
+def test_a_worker_that_cannot_be_restarted_fails_its_envs_until_it_can(tmp_path):
+    marker = str(tmp_path / "built")
+    envs.register("flaky", f"{__name__}:flaky_env")  # the workers import this test module
+    try:
+        with make_pool([{"family": "flaky", "marker": marker}, {"family": "toy"}]) as pool:
+            pid = pool.worker_pids()[0]
+            os.kill(pid, 9)
+            wait_until_dead(pid)
+            results = pool.step([0, 1], ["1", "1"])
+            assert is_failed(results[0]) and not is_failed(results[1])
+            assert is_failed(pool.reset([0])[0])  # the rebuild still fails; nothing raises
+            assert not is_failed(pool.step([1], ["2"])[0])
+            os.remove(marker)
+            assert not is_failed(pool.reset([0])[0])
+            assert not is_failed(pool.step([0], ["1"])[0])
+    finally:
+        del envs.FAMILIES["flaky"]
