@@ -29,7 +29,7 @@ Saves are asynchronous: `save` returns once the arrays are copied off the device
 the writing finishes in a background thread. `wait()` blocks until it is done; `close()`
 waits too. Multi-host: call `save` / `restore` on every JAX process (each writes its own
 array shards; orbax lets only the primary process write metadata, `meta` and finalise
-the step directory).
+the step directory). The directory must then be one all hosts see (e.g. gs://...).
 """
 
 from __future__ import annotations
