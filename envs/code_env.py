@@ -113,11 +113,11 @@ class CodeEnv:
                                   ("obs_format", self.obs_format, OBS_FORMATS)):
             if value not in valid:
                 raise SpecError(f"code env: {key}={value!r}; valid: {list(valid)}")
-        self.invalid_penalty = abs(float(spec.get("invalid_penalty", 0.0)))
+        self.invalid_penalty = abs(_number(spec, "invalid_penalty", 0.0, float))
         self.instance = self._instance(spec)
         gold = list(self.instance.get("gold_actions", []))
-        self.max_steps = int(spec.get("max_steps", max(30, 3 * len(gold))))
-        self.limits = Limits(wall_seconds=float(spec.get("timeout_s", 60.0)))
+        self.max_steps = _number(spec, "max_steps", max(30, 3 * len(gold)), int)
+        self.limits = Limits(wall_seconds=_number(spec, "timeout_s", 60.0, float))
         self.argv = pytest_argv(self.instance["test_cmd"])
         self.tests = self.instance["FAIL_TO_PASS"] + self.instance["PASS_TO_PASS"]
         self.protected = set(self.instance.get("test_files", []))
@@ -314,6 +314,18 @@ class CodeEnv:
             room += f", file {self.current_file}"
         return render_state(room=room, items=sorted(self.files or self.instance["files"]),
                             goal=goal, feedback=feedback)
+
+
+def _number(spec: dict, key: str, default, kind):
+    """spec[key] as a positive-or-zero int/float, or a SpecError naming the key."""
+    value = spec.get(key, default)
+    try:
+        number = kind(value)
+    except (TypeError, ValueError):
+        number = -1
+    if number < 0 or isinstance(value, bool):
+        raise SpecError(f"code env: {key}={value!r} must be a non-negative {kind.__name__}")
+    return number
 
 
 def _failure_text(result) -> str:

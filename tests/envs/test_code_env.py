@@ -265,6 +265,10 @@ def test_bad_specs_are_clear_errors():
         make(task_family="off_by_one", reward="dense")
     with pytest.raises(envs.SpecError, match="instance"):
         make(instance={"instance_id": "x"})
+    with pytest.raises(envs.SpecError, match="max_steps"):
+        make(task_family="off_by_one", max_steps="many")
+    with pytest.raises(envs.SpecError, match="split"):
+        make(task_family="off_by_one", split="test")
 
 
 def test_summary_parser_reads_only_the_first_summary():
