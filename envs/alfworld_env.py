@@ -78,7 +78,19 @@ def _wrapped_env(expert: str | None):
     extras = ["gamefile"] + (["expert_plan"] if expert else [])
     infos = textworld.EnvInfos(won=True, admissible_commands=True, facts=True, extras=extras)
     env = AlfredInfos(AlfredDemangler(PddlEnv(infos)))
-    return AlfredExpert(env, expert_type=expert) if expert else env
+    if not expert:
+        return env
+
+    class SafeExpert(AlfredExpert):
+        """An expert that gives up (empty plan) instead of raising into the episode."""
+
+        def _gather_infos(self):
+            try:
+                super()._gather_infos()
+            except Exception:  # HandCodedAgentFailed, the expert's "Timeout"
+                self.state["extra.expert_plan"] = []
+
+    return SafeExpert(env, expert_type=expert)
 
 
 # -------------------------------------------------------------------------------- specs
@@ -218,6 +230,27 @@ def _real_game(spec: dict) -> tuple[str, dict]:
     meta = {"gold_actions": gold, "gold_source": source, "optimal_steps": len(gold),
             "complexity": {"task_type": task_type}}
     return path, meta
+
+
+def real_game_files(root: str | None = None) -> list[str]:
+    """The solvable game.tw-pddl files under `root` (default $ALFWORLD_DATA), sorted.
+
+    Skips what alfworld's own loader skips: games without traj_data.json, marked unsolvable,
+    and the 'movable' and 'Sliced' variants. E.g. root=$ALFWORLD_DATA/json_2.1.1/train.
+    """
+    root = os.path.expanduser(root or os.environ.get("ALFWORLD_DATA", ""))
+    found = []
+    for folder, _, files in os.walk(root):
+        if GAME_FILE not in files or TRAJ_FILE not in files:
+            continue
+        if "movable" in folder or "Sliced" in folder:
+            continue
+        path = os.path.join(folder, GAME_FILE)
+        with open(path) as f:
+            if not json.load(f).get("solvable", False):
+                continue
+        found.append(path)
+    return sorted(found)
 
 
 # ------------------------------------------------------------------------------ playing

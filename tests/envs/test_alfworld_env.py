@@ -141,6 +141,23 @@ def test_game_file_loads_a_game_directory(af_cache):
     generated.close()
 
 
+def test_real_game_files_lists_game_dirs(af_cache, monkeypatch):
+    found = af.real_game_files(af_cache)
+    assert len(found) >= len(TRAIN) and all(p.endswith(af.GAME_FILE) for p in found)
+    monkeypatch.setenv("ALFWORLD_DATA", af_cache)
+    relative = os.path.relpath(found[0], af_cache)
+    env = make(None, game_file=relative)  # relative paths are read under $ALFWORLD_DATA
+    assert env.game_file == found[0]
+
+
+def test_expert_plan_in_info(af_cache):
+    env = make(af_cache, expert_plan=True, **TRAIN[0])
+    first = env.reset()
+    assert first.info["expert_plan"] and first.info["expert_plan"][0] in first.info[
+        "admissible_commands"]
+    env.close()
+
+
 def test_bad_specs_are_spec_errors(tmp_path):
     with pytest.raises(envs.SpecError, match="recepacles"):
         envs.make({"family": "alfworld", "recepacles": 3})
@@ -154,7 +171,7 @@ def test_bad_specs_are_spec_errors(tmp_path):
         envs.make({"family": "alfworld", "game_file": str(tmp_path / "nothing")})
 
 
-def test_memoised_template_parse_gives_identical_text(af_cache):
+def test_memoised_template_parse_gives_identical_text(af_cache, monkeypatch):
     from envs import _pddl_memo
 
     def transcript():
@@ -167,12 +184,9 @@ def test_memoised_template_parse_gives_identical_text(af_cache):
         env.close()
         return out
 
-    try:
-        os.environ[af.MEMO_ENV_VAR] = "0"
-        plain = transcript()
-        assert not _pddl_memo.is_enabled()
-        os.environ[af.MEMO_ENV_VAR] = "1"
-        assert transcript() == plain
-        assert _pddl_memo.is_enabled()
-    finally:
-        os.environ.pop(af.MEMO_ENV_VAR, None)
+    monkeypatch.setenv(af.MEMO_ENV_VAR, "0")
+    plain = transcript()
+    assert not _pddl_memo.is_enabled()
+    monkeypatch.setenv(af.MEMO_ENV_VAR, "1")
+    assert transcript() == plain
+    assert _pddl_memo.is_enabled()
