@@ -214,6 +214,7 @@ def main(argv=None) -> None:
         print_generation("family", "how", "workers", "games", "seconds")
         for family in (f for f in available if f in GENERATED):
             bench_generation(family, args.workers, args.games)
+        print("(EnvPool rows include starting the workers and importing the family in each)")
 
         print("\n== steps/s (resets included; games generated before timing)")
         print(
