@@ -1,0 +1,431 @@
+"""The multi-turn episode driver: B episodes in lock-step against an `envs.EnvPool`.
+
+Each turn, every live episode's new tokens (the end of its last action turn, the new
+observation, the opening of the next action, see `render.Renderer`) are prefilled onto that
+episode's KV cache, and actions are sampled for all live episodes in one device call
+(`Sampler.extend`); the decoded actions go to the pool, the observations come back.
+
+Overlap: the episodes are split in two half-batches ("lanes") with their own caches. While
+the pool steps one lane's actions (`step_async`), the model samples the other lane's, then
+`wait()`s; so the accelerator works while environments step and the reverse. `last_stats`
+reports the fraction of wall time the model waited for environments and the environments
+waited for the model.
+
+An episode ends when its env says done (won / lost / the env's step budget), at the driver's
+`max_steps`, when its next turn would pass `max_context` tokens (prompt chunk plus
+`max_action_tokens`; recorded as truncated, nothing fed), or when the env fails
+(`info["failed"]`, recorded as failed). Tokens are exactly the ids fed and sampled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+
+from jaxrl_agents.data.trajectory import ACTION, PROMPT, Trajectory
+from jaxrl_agents.rollout.render import DEFAULT_SYSTEM_PROMPT, Renderer
+from jaxrl_agents.rollout.sampler import Sampler, SamplingParams, token_ids_containing
+
+END_REASONS = ("done", "step_budget", "context", "failed", "forced_actions_exhausted")
+
+
+# ----------------------------------------------------------------------------- one episode
+
+
+@dataclasses.dataclass
+class EpisodeRecord:
+    """The growing token record of one episode; `to_trajectory()` freezes it."""
+
+    tokens: list = dataclasses.field(default_factory=list)
+    token_type: list = dataclasses.field(default_factory=list)
+    logprobs: list = dataclasses.field(default_factory=list)
+    sampling_logprobs: list = dataclasses.field(default_factory=list)
+    rewards: list = dataclasses.field(default_factory=list)
+    turn_ends: list = dataclasses.field(default_factory=list)
+    actions: list = dataclasses.field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def add_prompt(self, ids: Sequence[int]) -> None:
+        n = len(ids)
+        self.tokens += [int(t) for t in ids]
+        self.token_type += [PROMPT] * n
+        self.logprobs += [0.0] * n
+        self.sampling_logprobs += [0.0] * n
+        self.rewards += [0.0] * n
+
+    def add_action(self, ids: Sequence[int], text: str, logprobs=None, sampling_logprobs=None):
+        n = len(ids)
+        if n == 0:
+            raise ValueError("an action needs at least one token")
+        self.tokens += [int(t) for t in ids]
+        self.token_type += [ACTION] * n
+        self.logprobs += [0.0] * n if logprobs is None else [float(x) for x in logprobs]
+        self.sampling_logprobs += ([0.0] * n if sampling_logprobs is None
+                                   else [float(x) for x in sampling_logprobs])
+        self.rewards += [0.0] * n
+        self.turn_ends.append(len(self.tokens) - 1)
+        self.actions.append(text)
+
+    def add_reward(self, reward: float) -> None:
+        """The reward of the last action, on its last token."""
+        self.rewards[self.turn_ends[-1]] += float(reward)
+
+    def to_trajectory(self, **fields) -> Trajectory:
+        info = fields.pop("info", {})
+        info = {"actions": list(self.actions),
+                "sampling_logprobs": np.asarray(self.sampling_logprobs, np.float32), **info}
+        return Trajectory(tokens=self.tokens, token_type=self.token_type,
+                          logprobs=self.logprobs, rewards=self.rewards,
+                          turn_ends=list(self.turn_ends), info=info, **fields)
+
+
+def render_gold_trajectory(renderer: Renderer, observations: Sequence[str],
+                           actions: Sequence[str], rewards: Sequence[float] | None = None, *,
+                           won: bool = True, task_id: str = "", group_id: int = 0) -> Trajectory:
+    """A trajectory of given texts rendered exactly like an RL episode (for SFT data).
+
+    observations[0] is the reset observation, observations[k] the one after actions[k-1];
+    at least len(actions) of them (an observation after the last action is not rendered).
+    rewards[k] sits on the last token of actions[k]. Log-probs are 0.
+    """
+    if len(observations) < len(actions) or not observations:
+        raise ValueError(f"render_gold_trajectory: {len(observations)} observations for "
+                         f"{len(actions)} actions (need one before every action)")
+    rewards = [0.0] * len(actions) if rewards is None else list(rewards)
+    if len(rewards) != len(actions):
+        raise ValueError(f"{len(rewards)} rewards for {len(actions)} actions")
+    record = EpisodeRecord()
+    record.add_prompt(renderer.first_chunk(observations[0]))
+    for k, action in enumerate(actions):
+        if k:
+            record.add_prompt(renderer.next_chunk(observations[k], record.tokens[-1:]))
+        record.add_action(renderer.action_ids(action), action)
+        record.add_reward(rewards[k])
+    return record.to_trajectory(won=won, task_id=task_id, group_id=group_id)
+
+
+@dataclasses.dataclass
+class _Episode:
+    """Driver-side state of one live episode."""
+
+    env_id: int
+    group_id: int
+    record: EpisodeRecord = dataclasses.field(default_factory=EpisodeRecord)
+    task_id: str = ""
+    pending: list = dataclasses.field(default_factory=list)  # ids to feed before the action
+    steps: int = 0
+    done: bool = False
+    won: bool = False
+    truncated: bool = False
+    failed: bool = False
+    end_reason: str = ""
+    error: str = ""
+    forced: list | None = None
+
+    def end(self, reason: str, *, truncated=False, failed=False, won=False) -> None:
+        self.done, self.end_reason = True, reason
+        self.truncated, self.failed, self.won = truncated, failed, won
+
+    def trajectory(self) -> Trajectory:
+        info = {"env_id": self.env_id, "steps": self.steps, "end_reason": self.end_reason}
+        if self.error:
+            info["error"] = self.error
+        return self.record.to_trajectory(won=self.won, truncated=self.truncated,
+                                         failed=self.failed, task_id=self.task_id,
+                                         group_id=self.group_id, info=info)
+
+
+class _Lane:
+    """A half-batch of episodes with its own KV cache."""
+
+    def __init__(self, episodes: list[_Episode], sampler: Sampler | None):
+        self.episodes = episodes
+        self.state = None
+        if sampler is not None:
+            self.state = sampler.new_state(sampler.batch_size(len(episodes)))
+
+    @property
+    def live(self) -> bool:
+        return any(not ep.done for ep in self.episodes)
+
+
+@dataclasses.dataclass
+class _Timer:
+    """Wall-time bookkeeping of one run (seconds)."""
+
+    start: float = dataclasses.field(default_factory=time.perf_counter)
+    model: float = 0.0
+    env_wait: float = 0.0  # blocked in pool.wait() / reset
+    env_inflight: float = 0.0  # an env call was in flight
+    submitted: float = 0.0
+
+
+# ----------------------------------------------------------------------------- the driver
+
+
+class EpisodeDriver:
+    """Plays episodes of `pool` with `model`, records one `Trajectory` each.
+
+    model: the policy `Transformer`. tokenizer: its Hugging Face tokenizer. pool: an
+    `envs.EnvPool`. max_action_tokens: an action is cut after this many tokens.
+    max_context: an episode is truncated before a turn whose prompt chunk plus
+    `max_action_tokens` would pass this. temperature / top_p / top_k: sampling (temperature
+    0 = greedy). stop_strings: an action ends after a token whose text contains one (and at
+    EOS). template: "chat" (the tokenizer's chat template) | "plain". system_prompt: first
+    message. group_size: consecutive env ids in groups of this size play the same task and
+    share a group id. max_steps: the driver's own step budget (None: the envs' budgets).
+    overlap: split the batch in two half-batches that alternate with the envs.
+    mesh: optional mesh for the sampler's cache (parameters already sharded).
+    """
+
+    def __init__(self, model, tokenizer, pool, *, max_action_tokens: int = 16,
+                 max_context: int = 1024, temperature: float = 1.0, top_p: float = 1.0,
+                 top_k: int = 0, stop_strings: Sequence[str] = ("\n",),
+                 template: str = "chat", system_prompt: str = DEFAULT_SYSTEM_PROMPT,
+                 group_size: int = 1, max_steps: int | None = None, overlap: bool = True,
+                 mesh=None):
+        if max_action_tokens < 1:
+            raise ValueError(f"max_action_tokens must be >= 1, got {max_action_tokens}")
+        if group_size < 1:
+            raise ValueError(f"group_size must be >= 1, got {group_size}")
+        self.model, self.tokenizer, self.pool = model, tokenizer, pool
+        self.max_action_tokens = int(max_action_tokens)
+        self.max_context = int(max_context)
+        self.sampling = SamplingParams(temperature=float(temperature), top_k=int(top_k),
+                                       top_p=float(top_p))
+        self.renderer = Renderer(tokenizer, template, system_prompt, tuple(stop_strings))
+        self.group_size = int(group_size)
+        self.max_steps = max_steps
+        self.overlap = overlap
+        stops = token_ids_containing(tokenizer, tuple(stop_strings), model.config.vocab_size)
+        if tokenizer.eos_token_id is not None:
+            stops.append(int(tokenizer.eos_token_id))
+        self.sampler = Sampler(model, stop_token_ids=sorted(set(stops)), mesh=mesh,
+                               pad_id=tokenizer.pad_token_id or 0)
+        self.last_stats: dict[str, float] = {}
+        self._groups_used = 0
+        self._calls = 0
+
+    @classmethod
+    def from_config(cls, model, tokenizer, pool, config, **overrides) -> EpisodeDriver:
+        """From the `rollout` and `tokenizer` sections of a config (configs/base.py)."""
+        r = config.rollout
+        kwargs = dict(max_action_tokens=r.max_action_tokens, max_context=r.max_context,
+                      temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                      stop_strings=tuple(r.stop_strings), group_size=r.group_size,
+                      template=config.tokenizer.chat_template)
+        kwargs.update(overrides)
+        return cls(model, tokenizer, pool, **kwargs)
+
+    # -- public
+
+    def run(self, env_ids: Sequence[int], key=None, seeds: Sequence[int] | None = None, *,
+            greedy: bool = False, forced_actions: Sequence[Sequence[str]] | str | None = None
+            ) -> list[Trajectory]:
+        """Plays one episode in each env of `env_ids` (reset with `seeds`), in lock-step.
+
+        key: `jax.random.key` for sampling (default key 0). greedy: argmax actions.
+        forced_actions: play these action strings instead of sampling (one list per env;
+        "gold" for each task's gold actions); the rendering is the same, log-probs are 0 and
+        the model is not called. An episode whose forced actions run out before done ends
+        truncated ("forced_actions_exhausted").
+        Returns one Trajectory per env id, in order; `last_stats` gets the run's metrics.
+        """
+        env_ids = [int(i) for i in env_ids]
+        if not env_ids:
+            raise ValueError("run() needs at least one env id")
+        if len(env_ids) % self.group_size:
+            raise ValueError(f"{len(env_ids)} env ids are not a whole number of groups of "
+                             f"group_size={self.group_size}")
+        timer = _Timer()
+        episodes = self._reset(env_ids, seeds, timer)
+        self._check_groups(episodes)
+        if forced_actions is not None:
+            self._attach_forced(episodes, forced_actions)
+        sampling = SamplingParams() if greedy else self.sampling
+        key = jax.random.key(0) if key is None else key
+        forced = forced_actions is not None
+        lanes = self._lanes(episodes, forced)
+        self._play(lanes, sampling, key, timer, forced)
+        self._groups_used += len(env_ids) // self.group_size
+        trajectories = [ep.trajectory() for ep in episodes]
+        self.last_stats = self._stats(trajectories, timer)
+        return trajectories
+
+    # -- setup
+
+    def _reset(self, env_ids, seeds, timer: _Timer) -> list[_Episode]:
+        start = time.perf_counter()
+        results = self.pool.reset(env_ids, seeds)
+        spent = time.perf_counter() - start
+        timer.env_wait += spent
+        timer.env_inflight += spent
+        tasks = self.pool.tasks
+        episodes = []
+        for k, (env_id, result) in enumerate(zip(env_ids, results)):
+            ep = _Episode(env_id=env_id, group_id=self._groups_used + k // self.group_size,
+                          task_id=tasks[env_id].name)
+            if result.info.get("failed"):
+                ep.error = str(result.info.get("error", ""))
+                ep.end("failed", failed=True)
+            else:
+                ep.pending = self.renderer.first_chunk(result.observation)
+            episodes.append(ep)
+        return episodes
+
+    def _check_groups(self, episodes: list[_Episode]) -> None:
+        g = self.group_size
+        for start in range(0, len(episodes), g):
+            names = {ep.task_id for ep in episodes[start:start + g]}
+            if len(names) > 1:
+                ids = [ep.env_id for ep in episodes[start:start + g]]
+                raise ValueError(f"env ids {ids} form one group (group_size={g}) but play "
+                                 f"different tasks {sorted(names)}; repeat each spec "
+                                 "group_size times in the pool (see grouped_specs)")
+
+    def _attach_forced(self, episodes, forced_actions) -> None:
+        if isinstance(forced_actions, str):
+            if forced_actions != "gold":
+                raise ValueError(f"forced_actions={forced_actions!r}; a list of action lists "
+                                 "or 'gold'")
+            tasks = self.pool.tasks
+            forced_actions = [tasks[ep.env_id].gold_actions for ep in episodes]
+        if len(forced_actions) != len(episodes):
+            raise ValueError(f"{len(forced_actions)} forced action lists for "
+                             f"{len(episodes)} env ids")
+        for ep, actions in zip(episodes, forced_actions):
+            ep.forced = list(actions)
+
+    def _lanes(self, episodes, forced: bool) -> list[_Lane]:
+        sampler = None if forced else self.sampler
+        if not self.overlap or len(episodes) < 2:
+            return [_Lane(episodes, sampler)]
+        half = (len(episodes) + 1) // 2
+        return [_Lane(episodes[:half], sampler), _Lane(episodes[half:], sampler)]
+
+    # -- the loop
+
+    def _play(self, lanes: list[_Lane], sampling, key, timer: _Timer, forced: bool) -> None:
+        """Alternates lanes: the model acts for one while the pool steps the other."""
+        inflight = None  # (lane, episodes stepped)
+        while any(lane.live for lane in lanes) or inflight is not None:
+            for lane in lanes:
+                if inflight is not None and inflight[0] is lane:
+                    self._finish(inflight[1], timer)
+                    inflight = None
+                stepping = []
+                if lane.live:
+                    start = time.perf_counter()
+                    stepping = self._act(lane, sampling, key, forced)
+                    timer.model += time.perf_counter() - start
+                if inflight is not None:
+                    self._finish(inflight[1], timer)
+                    inflight = None
+                if stepping:
+                    actions = [ep.record.actions[-1] for ep in stepping]
+                    self.pool.step_async([ep.env_id for ep in stepping], actions)
+                    timer.submitted = time.perf_counter()
+                    inflight = (lane, stepping)
+
+    def _act(self, lane: _Lane, sampling, key, forced: bool) -> list[_Episode]:
+        """Feeds every live episode its pending chunk and picks its next action.
+
+        Returns the episodes that now have an action to send to the pool.
+        """
+        acting = []
+        for ep in lane.episodes:
+            if ep.done:
+                continue
+            if self.max_steps is not None and ep.steps >= self.max_steps:
+                ep.end("step_budget", truncated=True)
+                continue
+            if len(ep.record) + len(ep.pending) + self.max_action_tokens > self.max_context:
+                ep.end("context", truncated=True)
+                continue
+            if forced and ep.steps >= len(ep.forced):
+                ep.end("forced_actions_exhausted", truncated=True)
+                continue
+            acting.append(ep)
+        if not acting:
+            return []
+        for ep in acting:
+            ep.record.add_prompt(ep.pending)
+        if forced:
+            for ep in acting:
+                text = ep.forced[ep.steps]
+                ep.record.add_action(self.renderer.action_ids(text), text)
+        else:
+            self._sample(lane, acting, sampling, key)
+        for ep in acting:
+            ep.pending = []
+        return acting
+
+    def _sample(self, lane: _Lane, acting: list[_Episode], sampling, key) -> None:
+        chunks = [[] for _ in range(lane.state.batch)]
+        rows = {id(ep): row for row, ep in enumerate(lane.episodes)}
+        for ep in acting:
+            chunks[rows[id(ep)]] = ep.pending
+        self._calls += 1
+        call_key = jax.random.fold_in(key, self._calls)
+        lane.state, out = self.sampler.extend(lane.state, chunks, self.max_action_tokens,
+                                              sampling, call_key)
+        for ep in acting:
+            row = rows[id(ep)]
+            n = int(out.num_tokens[row])
+            ids = out.tokens[row, :n]
+            ep.record.add_action(ids, self.renderer.action_text(ids), out.logprobs[row, :n],
+                                 out.sampling_logprobs[row, :n])
+
+    def _finish(self, stepped: list[_Episode], timer: _Timer) -> None:
+        """Waits for the pool and applies its results to the episodes just stepped."""
+        start = time.perf_counter()
+        results = self.pool.wait()
+        end = time.perf_counter()
+        timer.env_wait += end - start
+        timer.env_inflight += end - timer.submitted
+        for ep, result in zip(stepped, results):
+            ep.steps += 1
+            ep.record.add_reward(result.reward)
+            if result.info.get("failed"):
+                ep.error = str(result.info.get("error", ""))
+                ep.end("failed", failed=True)
+            elif result.done:
+                ep.end("done", won=bool(result.won),
+                       truncated=bool(result.info.get("truncated", False)) and not result.won)
+            else:
+                ep.pending = self.renderer.next_chunk(result.observation,
+                                                      ep.record.tokens[-1:])
+
+    # -- metrics
+
+    @staticmethod
+    def _stats(trajectories: list[Trajectory], timer: _Timer) -> dict[str, float]:
+        wall = max(time.perf_counter() - timer.start, 1e-9)
+        n = len(trajectories)
+        reasons = [t.info["end_reason"] for t in trajectories]
+        return {
+            "rollout/episodes": n,
+            "rollout/turns": sum(t.num_turns for t in trajectories),
+            "rollout/action_tokens": sum(t.num_action_tokens for t in trajectories),
+            "rollout/won_frac": sum(t.won for t in trajectories) / n,
+            "rollout/truncated_frac": sum(t.truncated for t in trajectories) / n,
+            "rollout/context_truncated_frac": reasons.count("context") / n,
+            "rollout/failed_frac": sum(t.failed for t in trajectories) / n,
+            "rollout/mean_return": float(np.mean([t.episode_return for t in trajectories])),
+            "rollout/wall_s": wall,
+            "rollout/model_s": timer.model,
+            "rollout/model_wait_frac": timer.env_wait / wall,
+            "rollout/env_wait_frac": max(0.0, 1.0 - timer.env_inflight / wall),
+        }
+
+
+def grouped_specs(specs: Sequence[dict], group_size: int) -> list[dict]:
+    """Each spec repeated `group_size` times in a row: the pool layout `run` expects for
+    groups (env ids [g * k, g * (k + 1)) play specs[k])."""
+    return [dict(spec) for spec in specs for _ in range(group_size)]

@@ -1,0 +1,409 @@
+"""The KV-cache sampler: prefill a chunk of tokens, then decode inside one `lax.while_loop`.
+
+One call of the compiled program (`_extend`) writes a chunk of new tokens (a prompt, or the
+observation of a new turn) onto a preallocated cache and then samples up to `max_new` tokens,
+so a whole generation is one device call. Programs are compiled per shape bucket: batch B,
+chunk length P and cache length S are rounded up to a few sizes (`bucket`), and sampling
+settings are static, so a run compiles a handful of programs.
+
+Cache layout. All rows of a call write the same slots (`forward_with_cache`), so rows are
+left-padded inside a chunk and the decode slots of a row that already stopped stay masked:
+a row's real tokens sit in the cache with holes in between. RoPE positions count real tokens
+only, so the holes change nothing; `compact` squeezes them out (stable, per row) when the
+cache would overflow, and `grow` pads the cache to the next size bucket when that is not
+enough.
+
+Shape letters: B batch, P chunk length, M max new tokens, S cache slots, V vocab.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxrl_agents.models.transformer import KVCache
+
+PREFILL_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048)
+CACHE_BUCKETS = (128, 256, 512, 1024, 2048, 4096, 8192)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+_NEG_INF = -jnp.inf
+
+
+def bucket(n: int, sizes: Sequence[int], multiple: int = 1) -> int:
+    """The smallest size >= n (past the largest: the next multiple of it), then rounded up to
+    a multiple of `multiple` (the data-parallel size of a mesh)."""
+    chosen = next((s for s in sorted(sizes) if s >= n), None)
+    if chosen is None:
+        top = max(sizes)
+        chosen = -(-n // top) * top
+    return -(-chosen // multiple) * multiple
+
+
+# ----------------------------------------------------------------------------- sampling maths
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """How tokens are drawn; static in the compiled program (hashable).
+
+    temperature: 0 is greedy (argmax of the raw logits); otherwise logits are divided by it.
+    top_k: keep the k most likely tokens (0 = off). top_p: keep the smallest set of most
+    likely tokens whose probability reaches top_p (1.0 = off). Order: temperature, top-k,
+    top-p (as transformers does).
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def filter_logits(logits_bv, params: SamplingParams):
+    """Temperature-scaled logits with tokens outside top-k / top-p set to -inf. [B, V] f32."""
+    x = logits_bv.astype(jnp.float32) / params.temperature
+    if params.top_k > 0 and params.top_k < x.shape[-1]:
+        kth = jax.lax.top_k(x, params.top_k)[0][:, -1:]  # (B, 1)
+        x = jnp.where(x >= kth, x, _NEG_INF)
+    if params.top_p < 1.0:
+        sorted_x = jnp.sort(x, axis=-1)[:, ::-1]  # (B, V), descending
+        probs = jax.nn.softmax(sorted_x, axis=-1)
+        mass_before = jnp.cumsum(probs, axis=-1) - probs
+        kept = mass_before < params.top_p  # the first token is always kept
+        threshold = jnp.min(jnp.where(kept, sorted_x, jnp.inf), axis=-1, keepdims=True)
+        x = jnp.where(x >= threshold, x, _NEG_INF)
+    return x
+
+
+def sample_tokens(logits_bv, key, params: SamplingParams):
+    """Draws one token per row.
+
+    Returns (tokens [B] int32, raw log-probs [B] under softmax(logits), sampling log-probs
+    [B] under the distribution actually sampled from; 0 for greedy, which is deterministic).
+    """
+    raw = jax.nn.log_softmax(logits_bv.astype(jnp.float32), axis=-1)
+    if params.greedy:
+        tokens = jnp.argmax(logits_bv, axis=-1).astype(jnp.int32)
+        sampling = jnp.zeros(tokens.shape, jnp.float32)
+    else:
+        filtered = filter_logits(logits_bv, params)
+        tokens = jax.random.categorical(key, filtered, axis=-1).astype(jnp.int32)
+        logp = jax.nn.log_softmax(filtered, axis=-1)
+        sampling = jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
+    picked = jnp.take_along_axis(raw, tokens[:, None], axis=-1)[:, 0]
+    return tokens, picked, sampling
+
+
+# ----------------------------------------------------------------------------- state
+
+
+class DecodeState(NamedTuple):
+    """The cache of B rows between calls.
+
+    cache: KVCache, k and v [L, B, S, K, H]. cache_mask: [B, S] bool, slots holding real
+    tokens. cache_index: first free slot (host int; all rows share it). lengths: [B] int32
+    numpy, real tokens per row (the RoPE position of the next token).
+    """
+
+    cache: KVCache
+    cache_mask: jax.Array
+    cache_index: int
+    lengths: np.ndarray
+
+    @property
+    def batch(self) -> int:
+        return int(self.cache_mask.shape[0])
+
+    @property
+    def slots(self) -> int:
+        return int(self.cache_mask.shape[1])
+
+
+class ChunkOutput(NamedTuple):
+    """What one `_extend` call samples: tokens, raw and sampling log-probs [B, M], and the
+    number of tokens each row produced [B] (tokens past it are padding)."""
+
+    tokens: np.ndarray
+    logprobs: np.ndarray
+    sampling_logprobs: np.ndarray
+    num_tokens: np.ndarray
+
+
+@dataclasses.dataclass
+class GenerationResult:
+    """Per prompt: sampled ids, their log-probs under the raw policy, and under the
+    sampling distribution (temperature and filters applied; 0.0 for greedy)."""
+
+    tokens: list[list[int]]
+    logprobs: list[list[float]]
+    sampling_logprobs: list[list[float]] = dataclasses.field(default_factory=list)
+
+
+# ----------------------------------------------------------------------------- compiled steps
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "max_new", "sampling"),
+                   donate_argnames=("cache", "cache_mask"))
+def _extend(graphdef, params, cache, cache_mask, cache_index, chunk_ids, chunk_mask, lengths,
+            key, stop_table, *, max_new: int, sampling: SamplingParams):
+    """Prefill a left-padded chunk [B, P] at slots [cache_index, cache_index + P), then
+    decode up to `max_new` tokens at the slots after it.
+
+    Rows whose chunk is all padding do not decode. A row stops after a token with
+    `stop_table[token]` or after `max_new` tokens; every sampled token (the stopping one
+    too) is written to the cache, so the next chunk starts right after it.
+    Returns (tokens, raw logp, sampling logp [B, M], counts [B], cache, cache_mask,
+    lengths [B], decode steps taken).
+    """
+    model = nnx.merge(graphdef, params)
+    b, p = chunk_ids.shape
+    chunk_mask = chunk_mask.astype(bool)
+    positions = lengths[:, None] + jnp.cumsum(chunk_mask, axis=1) - 1  # (B, P)
+    positions = jnp.maximum(positions, 0)
+    cache_mask = jax.lax.dynamic_update_slice(cache_mask, chunk_mask, (0, cache_index))
+    logits, cache = model.forward_with_cache(chunk_ids, positions, cache, cache_index,
+                                             cache_mask)
+    lengths = lengths + chunk_mask.sum(axis=1, dtype=jnp.int32)
+    done = ~chunk_mask.any(axis=1)
+
+    def cond(carry):
+        i, _, _, _, _, done, *_ = carry
+        return (i < max_new) & ~jnp.all(done)
+
+    def body(carry):
+        i, logits, cache, cache_mask, lengths, done, key, toks, lp_raw, lp_samp = carry
+        key, sub = jax.random.split(key)
+        tok, raw, samp = sample_tokens(logits, sub, sampling)
+        live = ~done
+        tok = jnp.where(live, tok, 0)
+        toks = toks.at[:, i].set(tok)
+        lp_raw = lp_raw.at[:, i].set(jnp.where(live, raw, 0.0))
+        lp_samp = lp_samp.at[:, i].set(jnp.where(live, samp, 0.0))
+        slot = cache_index + p + i
+        cache_mask = jax.lax.dynamic_update_slice(cache_mask, live[:, None], (0, slot))
+        logits, cache = model.forward_with_cache(tok[:, None], lengths[:, None], cache, slot,
+                                                 cache_mask)
+        lengths = lengths + live.astype(jnp.int32)
+        done = done | (live & stop_table[tok]) | (i + 1 >= max_new)
+        return i + 1, logits[:, -1], cache, cache_mask, lengths, done, key, toks, lp_raw, lp_samp
+
+    zeros = jnp.zeros((b, max_new), jnp.float32)
+    carry = (jnp.int32(0), logits[:, -1], cache, cache_mask, lengths, done, key,
+             jnp.zeros((b, max_new), jnp.int32), zeros, zeros)
+    steps, _, cache, cache_mask, lengths_out, _, _, toks, lp_raw, lp_samp = jax.lax.while_loop(
+        cond, body, carry)
+    counts = lengths_out - lengths
+    return toks, lp_raw, lp_samp, counts, cache, cache_mask, lengths_out, steps
+
+
+@jax.jit
+def _compact(cache: KVCache, cache_mask):
+    """Moves each row's real slots to the front, in order; returns (cache, mask, max count)."""
+    order = jnp.argsort(~cache_mask, axis=1, stable=True)  # (B, S): real slots first
+    gather = order[None, :, :, None, None]  # (1, B, S, 1, 1)
+    k = jnp.take_along_axis(cache.k, gather, axis=2)
+    v = jnp.take_along_axis(cache.v, gather, axis=2)
+    mask = jnp.take_along_axis(cache_mask, order, axis=1)
+    return KVCache(k, v), mask, jnp.max(jnp.sum(cache_mask, axis=1))
+
+
+@functools.partial(jax.jit, static_argnames=("slots",))
+def _grow(cache: KVCache, cache_mask, *, slots: int):
+    """Pads the cache with empty slots up to `slots`."""
+    extra = slots - cache_mask.shape[1]
+    pad = ((0, 0), (0, 0), (0, extra), (0, 0), (0, 0))
+    return (KVCache(jnp.pad(cache.k, pad), jnp.pad(cache.v, pad)),
+            jnp.pad(cache_mask, ((0, 0), (0, extra))))
+
+
+# ----------------------------------------------------------------------------- the sampler
+
+
+def stop_table_for(vocab_size: int, stop_token_ids: Sequence[int] = ()) -> np.ndarray:
+    """[V] bool: True for the ids that end an action."""
+    table = np.zeros((vocab_size,), bool)
+    for token in stop_token_ids:
+        if not 0 <= int(token) < vocab_size:
+            raise ValueError(f"stop token id {token} outside the vocabulary [0, {vocab_size})")
+        table[int(token)] = True
+    return table
+
+
+def token_ids_containing(tokenizer, strings: Sequence[str], vocab_size: int | None = None):
+    """Ids whose decoded text contains any of `strings` (e.g. every token with a newline).
+
+    A stop string split over several tokens is not found this way; use strings that fit in
+    one token (the newline default does).
+    """
+    if not strings:
+        return []
+    n = len(tokenizer) if vocab_size is None else min(vocab_size, len(tokenizer))
+    texts = tokenizer.batch_decode([[i] for i in range(n)], skip_special_tokens=False)
+    return [i for i, text in enumerate(texts) if any(s in text for s in strings)]
+
+
+class Sampler:
+    """Prefill + decode with a preallocated KV cache, compiled per shape bucket.
+
+    model: a `Transformer` (its current parameters are read at every call, so a trained
+    policy is sampled without rebuilding the sampler). stop_token_ids: ids that end a
+    generation (EOS, newline tokens, ...). mesh: optional `jax.sharding.Mesh`; the cache
+    batch goes over ('data', 'fsdp') and kv heads over 'tensor' (parameters must already be
+    placed with `sharding.shard_params`); batch buckets become multiples of data * fsdp.
+    pad_id: id written on padding (never attended to).
+    """
+
+    def __init__(self, model, *, stop_token_ids: Sequence[int] = (), mesh=None, pad_id: int = 0,
+                 prefill_buckets: Sequence[int] = PREFILL_BUCKETS,
+                 cache_buckets: Sequence[int] = CACHE_BUCKETS,
+                 batch_buckets: Sequence[int] = BATCH_BUCKETS):
+        self.model = model
+        self.config = model.config
+        self.mesh = mesh
+        self.pad_id = int(pad_id)
+        self.prefill_buckets = tuple(prefill_buckets)
+        self.cache_buckets = tuple(cache_buckets)
+        self.batch_buckets = tuple(batch_buckets)
+        self.stop_token_ids = tuple(int(t) for t in stop_token_ids)
+        self._stop_table = jnp.asarray(stop_table_for(self.config.vocab_size,
+                                                      self.stop_token_ids))
+        self.batch_multiple = 1
+        if mesh is not None:
+            self.batch_multiple = int(mesh.shape["data"] * mesh.shape["fsdp"])
+
+    # -- shapes and placement
+
+    def batch_size(self, n: int) -> int:
+        """The batch bucket for n rows."""
+        return bucket(n, self.batch_buckets, self.batch_multiple)
+
+    def _place_cache(self, cache: KVCache, cache_mask):
+        if self.mesh is None:
+            return cache, cache_mask
+        from jaxrl_agents import sharding
+
+        axes = ("layers", "batch", "length", "kv_heads", "head_dim")
+        kv_sharding = sharding.logical_to_sharding(axes, self.mesh, cache.k.shape)
+        mask_sharding = sharding.logical_to_sharding(("batch", "length"), self.mesh,
+                                                     cache_mask.shape)
+        return (KVCache(jax.device_put(cache.k, kv_sharding),
+                        jax.device_put(cache.v, kv_sharding)),
+                jax.device_put(cache_mask, mask_sharding))
+
+    def _place_rows(self, x):
+        if self.mesh is None:
+            return jnp.asarray(x)
+        from jaxrl_agents import sharding
+
+        return jax.device_put(x, sharding.batch_sharding(self.mesh, np.ndim(x)))
+
+    def new_state(self, batch: int, slots: int = 0) -> DecodeState:
+        """An empty cache for `batch` rows (already a batch bucket) and `slots` slots."""
+        slots = bucket(max(slots, 1), self.cache_buckets)
+        cache = self.model.init_cache(batch, slots)
+        mask = jnp.zeros((batch, slots), bool)
+        cache, mask = self._place_cache(cache, mask)
+        return DecodeState(cache, mask, 0, np.zeros((batch,), np.int32))
+
+    def ensure_room(self, state: DecodeState, needed: int) -> DecodeState:
+        """A state with at least `needed` free slots after its cache index: compacts the
+        holes away first, then grows the cache to a larger bucket if still short."""
+        if state.cache_index + needed <= state.slots:
+            return state
+        cache, mask, used = _compact(state.cache, state.cache_mask)
+        state = state._replace(cache=cache, cache_mask=mask, cache_index=int(used))
+        if state.cache_index + needed > state.slots:
+            slots = bucket(state.cache_index + needed, self.cache_buckets)
+            cache, mask = _grow(state.cache, state.cache_mask, slots=slots)
+            cache, mask = self._place_cache(cache, mask)
+            state = state._replace(cache=cache, cache_mask=mask)
+        return state
+
+    # -- calls
+
+    def extend(self, state: DecodeState, chunks: Sequence[Sequence[int]], max_new: int,
+               sampling: SamplingParams, key) -> tuple[DecodeState, ChunkOutput]:
+        """Appends `chunks[b]` to row b and samples up to `max_new` tokens after it.
+
+        chunks: one token list per row of the state (an empty list: the row sits this call
+        out and samples nothing). Returns the new state and the sampled tokens.
+        """
+        if len(chunks) != state.batch:
+            raise ValueError(f"extend(): {len(chunks)} chunks for a state of {state.batch} rows")
+        if max_new < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new}")
+        longest = max((len(c) for c in chunks), default=0)
+        p = bucket(max(longest, 1), self.prefill_buckets)
+        ids = np.full((state.batch, p), self.pad_id, np.int32)
+        mask = np.zeros((state.batch, p), bool)
+        for row, chunk in enumerate(chunks):
+            if len(chunk):
+                ids[row, p - len(chunk):] = chunk
+                mask[row, p - len(chunk):] = True
+        state = self.ensure_room(state, p + max_new)
+        graphdef, params = nnx.split(self.model)
+        if key is None:
+            key = jax.random.key(0)
+        toks, lp_raw, lp_samp, counts, cache, cache_mask, lengths, steps = _extend(
+            graphdef, params, state.cache, state.cache_mask, jnp.int32(state.cache_index),
+            self._place_rows(ids), self._place_rows(mask), self._place_rows(state.lengths),
+            key, self._stop_table, max_new=int(max_new), sampling=sampling)
+        toks, lp_raw, lp_samp, counts, lengths, steps = jax.device_get(
+            (toks, lp_raw, lp_samp, counts, lengths, steps))
+        new_state = DecodeState(cache, cache_mask, state.cache_index + p + int(steps),
+                                np.asarray(lengths, np.int32))
+        return new_state, ChunkOutput(toks, lp_raw, lp_samp, np.asarray(counts))
+
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                 sampling: SamplingParams = SamplingParams(), key=None) -> GenerationResult:
+        """Samples a continuation of every prompt (all in one batch, one device call)."""
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise ValueError("generate() needs a non-empty list of non-empty prompts")
+        vocab = self.config.vocab_size
+        bad = [t for p in prompts for t in p if not 0 <= int(t) < vocab]
+        if bad:
+            raise ValueError(f"prompt token ids {bad[:5]} outside the vocabulary [0, {vocab})")
+        batch = self.batch_size(len(prompts))
+        chunks = list(prompts) + [[]] * (batch - len(prompts))
+        longest = bucket(max(len(p) for p in prompts), self.prefill_buckets)
+        state = self.new_state(batch, longest + max_new_tokens)
+        _, out = self.extend(state, chunks, max_new_tokens, sampling, key)
+        result = GenerationResult([], [], [])
+        for row in range(len(prompts)):
+            n = int(out.num_tokens[row])
+            result.tokens.append([int(t) for t in out.tokens[row, :n]])
+            result.logprobs.append([float(x) for x in out.logprobs[row, :n]])
+            result.sampling_logprobs.append([float(x) for x in out.sampling_logprobs[row, :n]])
+        return result
+
+
+def generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
+             temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
+             stop_token_ids: Sequence[int] = (), key=None, mesh=None) -> GenerationResult:
+    """Continue every prompt by up to `max_new_tokens` tokens.
+
+    Greedy at temperature 0, else sampled (with top-k / top-p) from `key` (a
+    `jax.random.key`; default key 0). A row stops after emitting one of `stop_token_ids`
+    (which is kept as its last token). Log-probs are those of the raw policy; the result's
+    `sampling_logprobs` are those of the distribution sampled from.
+    """
+    sampler = Sampler(model, stop_token_ids=stop_token_ids, mesh=mesh)
+    sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
+    return sampler.generate(prompts, max_new_tokens, sampling, key)

@@ -1,0 +1,172 @@
+"""The KV-cache sampler against transformers' generate and against teacher-forced forwards."""
+
+import jax
+import numpy as np
+import pytest
+import torch
+
+from jaxrl_agents.models import hf_io
+from jaxrl_agents.rollout import Sampler, SamplingParams, generate
+from jaxrl_agents.rollout.sampler import bucket, filter_logits
+from tests.models.hf_helpers import make_hf_model
+
+VOCAB = 97
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12, 13], [3, 4, 5, 6, 7, 8, 9, 10, 11, 40, 41]]
+MAX_NEW = 10
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """(our model loaded through hf_io, the torch model): same random Qwen2 weights."""
+    torch_model = make_hf_model("qwen2", tie=False, vocab=VOCAB, seed=1)
+    path = str(tmp_path_factory.mktemp("ckpt"))
+    torch_model.save_pretrained(path)
+    model, _ = hf_io.load(path)
+    return model, torch_model
+
+
+def teacher_forced_logits(model, rows):
+    """Float64 logits [len(row), V] of each row, from one padded full forward pass."""
+    longest = max(len(r) for r in rows)
+    ids = np.zeros((len(rows), longest), np.int32)
+    mask = np.zeros((len(rows), longest), np.int32)
+    for i, r in enumerate(rows):
+        ids[i, :len(r)], mask[i, :len(r)] = r, 1
+    logits = np.asarray(jax.jit(model.__call__)(ids, attention_mask=mask), np.float64)
+    return [logits[i, :len(r)] for i, r in enumerate(rows)]
+
+
+def log_softmax(x):
+    x = x - x.max(axis=-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+
+def test_greedy_equals_transformers_generate(checkpoint):
+    model, torch_model = checkpoint
+    ours = generate(model, PROMPTS, MAX_NEW).tokens
+    longest = max(len(p) for p in PROMPTS)
+    ids = torch.zeros((len(PROMPTS), longest), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(PROMPTS):  # transformers wants left padding for generation
+        ids[i, longest - len(p):], mask[i, longest - len(p):] = torch.tensor(p), 1
+    torch_model.generation_config.eos_token_id = None
+    torch_model.generation_config.pad_token_id = 0
+    with torch.no_grad():
+        out = torch_model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=MAX_NEW,
+                                   do_sample=False)
+    theirs = out[:, longest:].tolist()
+    assert ours == theirs
+    assert len({tuple(t) for t in ours}) == len(PROMPTS)  # not a degenerate model
+
+
+@pytest.mark.parametrize("params", [SamplingParams(0.0), SamplingParams(0.7)], ids=str)
+def test_logprobs_equal_a_teacher_forced_forward(checkpoint, params):
+    model, _ = checkpoint
+    result = Sampler(model).generate(PROMPTS, MAX_NEW, params, jax.random.key(3))
+    rows = [p + t for p, t in zip(PROMPTS, result.tokens)]
+    for prompt, toks, lp, slp, logits in zip(PROMPTS, result.tokens, result.logprobs,
+                                             result.sampling_logprobs,
+                                             teacher_forced_logits(model, rows)):
+        steps = logits[len(prompt) - 1:-1]  # the logits that predicted each new token
+        raw = log_softmax(steps)[np.arange(len(toks)), toks]
+        np.testing.assert_allclose(lp, raw, atol=1e-5)
+        if params.greedy:
+            assert toks == list(steps.argmax(-1)) and slp == [0.0] * len(toks)
+        else:
+            tempered = log_softmax(steps / params.temperature)[np.arange(len(toks)), toks]
+            np.testing.assert_allclose(slp, tempered, atol=1e-5)
+
+
+def test_fixed_key_is_reproducible(checkpoint):
+    model, _ = checkpoint
+    sampler, params = Sampler(model), SamplingParams(1.0)
+    first = sampler.generate(PROMPTS, MAX_NEW, params, jax.random.key(7))
+    again = sampler.generate(PROMPTS, MAX_NEW, params, jax.random.key(7))
+    other = sampler.generate(PROMPTS, MAX_NEW, params, jax.random.key(8))
+    assert first.tokens == again.tokens and first.logprobs == again.logprobs
+    assert first.tokens != other.tokens
+
+
+def _allowed(logits_v, top_k, top_p, temperature, slack=1e-4):
+    """NumPy reference of the kept set (with a little slack for float noise at the edge)."""
+    x = logits_v / temperature
+    keep = np.ones_like(x, bool)
+    if top_k:
+        keep &= x >= np.sort(x)[::-1][top_k - 1] - slack
+    if top_p < 1.0:
+        order = np.argsort(-np.where(keep, x, -np.inf))
+        probs = np.exp(log_softmax(np.where(keep, x, -np.inf)))[order]
+        before = np.cumsum(probs) - probs
+        nucleus = order[before < top_p + slack]
+        keep &= x >= x[nucleus].min() - slack
+    return keep
+
+
+@pytest.mark.parametrize("top_k,top_p", [(3, 1.0), (5, 0.7)])
+def test_top_k_top_p_never_emit_an_excluded_token(checkpoint, top_k, top_p):
+    model, _ = checkpoint
+    params = SamplingParams(temperature=2.0, top_k=top_k, top_p=top_p)
+    prompts = PROMPTS * 3  # more draws
+    result = Sampler(model).generate(prompts, MAX_NEW, params, jax.random.key(11))
+    rows = [p + t for p, t in zip(prompts, result.tokens)]
+    for prompt, toks, logits in zip(prompts, result.tokens, teacher_forced_logits(model, rows)):
+        steps = logits[len(prompt) - 1:-1]
+        for step, tok in zip(steps, toks):
+            assert _allowed(step, top_k, top_p, params.temperature)[tok]
+
+
+def test_filter_logits_matches_numpy_reference():
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(6, 50)).astype(np.float32) * 3
+    for top_k, top_p in [(4, 1.0), (0, 0.3), (10, 0.9), (0, 1e-6)]:
+        params = SamplingParams(1.3, top_k=top_k, top_p=top_p)
+        kept = np.isfinite(np.asarray(filter_logits(logits, params)))
+        for row in range(6):
+            expected = _allowed(logits[row], top_k, top_p, 1.3, slack=0.0)
+            np.testing.assert_array_equal(kept[row], expected)
+        assert kept.sum(axis=1).min() >= 1
+
+
+def test_stops_at_a_stop_token_and_cuts_at_max_new_tokens(checkpoint):
+    model, _ = checkpoint
+    free = generate(model, PROMPTS, MAX_NEW)
+    assert [len(t) for t in free.tokens] == [MAX_NEW] * len(PROMPTS)  # never stops: cut
+    stop = free.tokens[0][3]
+    stopped = generate(model, PROMPTS, MAX_NEW, stop_token_ids=[stop])
+    for full, cut in zip(free.tokens, stopped.tokens):
+        end = full.index(stop) + 1 if stop in full else MAX_NEW
+        assert cut == full[:end]
+    assert len(stopped.tokens[0]) == free.tokens[0].index(stop) + 1 < MAX_NEW
+
+
+def test_incremental_prefill_equals_reencoding_the_history(checkpoint):
+    """Three turns on one cache (tiny cache buckets: compaction and growth happen) give
+    the same tokens and log-probs as prefilling the whole history at once."""
+    model, _ = checkpoint
+    sampler = Sampler(model, cache_buckets=(32, 64, 128), prefill_buckets=(4, 8, 16))
+    params = SamplingParams(0.0)
+    turns = [[[5, 6, 7], [12, 13, 14, 15, 16]], [[20, 21], [30]],
+             [list(range(40, 49)), [50, 51]]]
+    state = sampler.new_state(2, 16)
+    history = [[], []]
+    for turn in turns:
+        state, out = sampler.extend(state, turn, 6, params, None)
+        fresh = sampler.generate([h + c for h, c in zip(history, turn)], 6, params)
+        for row in range(2):
+            n = int(out.num_tokens[row])
+            assert list(out.tokens[row, :n]) == fresh.tokens[row]
+            np.testing.assert_allclose(out.logprobs[row, :n], fresh.logprobs[row], atol=1e-5)
+            history[row] += turn[row] + fresh.tokens[row]
+        np.testing.assert_array_equal(state.lengths, [len(h) for h in history])
+    assert state.slots > 32  # the cache grew past its first bucket
+
+
+def test_bucket_and_errors(checkpoint):
+    assert [bucket(n, (16, 32)) for n in (1, 16, 17, 33, 70)] == [16, 16, 32, 64, 96]
+    assert bucket(3, (1, 2, 4, 8), multiple=8) == 8
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams(1.0, top_p=0.0)
+    with pytest.raises(ValueError, match="non-empty"):
+        generate(checkpoint[0], [[1], []], 3)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        generate(checkpoint[0], [[VOCAB]], 3)
