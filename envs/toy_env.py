@@ -15,7 +15,7 @@ Spec keys (all optional):
 - `task` ("count"): "count" or "guess".
 - `n` (3 for count, 8 for guess): how many numbers to say / the size of the range.
 - `seed` (0): picks `start` (count) or the hidden number (guess).
-- `split` ("train"): "train" or "test". Train uses odd starts / targets and test even ones, so
+- `split` ("train"): "train" or "eval". Train uses odd starts / targets and eval even ones, so
   the two splits never share a task (except guess with n=1, whose only target is 1).
 - `max_steps` (2 x optimal + 2): the step budget; running out ends the episode
   (`info["truncated"]`).
@@ -45,7 +45,7 @@ import time
 from envs.base import OBS_FORMATS, SpecError, StepResult, TaskSpec, clean_action, render_state
 
 TASKS = ("count", "guess")
-SPLITS = ("train", "test")
+SPLITS = ("train", "eval")
 REWARD_DENSITIES = ("sparse", "dense")
 DEFAULT_N = {"count": 3, "guess": 8}
 MAX_N = 10**6

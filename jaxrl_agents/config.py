@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import os
+import sys
 from collections.abc import Sequence
 
 import ml_collections
@@ -47,6 +48,10 @@ def load_config_file(path: str) -> ml_collections.ConfigDict:
     """Imports `path` and returns its `get_config()`, locked."""
     if not os.path.isfile(path):
         raise ConfigError(f"config file not found: {path!r}")
+    # Experiment files import `configs.base`: make the folder holding `configs/` importable.
+    root = os.path.dirname(os.path.dirname(os.path.abspath(path)))
+    if root not in sys.path:
+        sys.path.insert(0, root)
     spec = importlib.util.spec_from_file_location(f"_jaxrl_config_{abs(hash(path))}", path)
     module = importlib.util.module_from_spec(spec)
     try:

@@ -32,7 +32,7 @@ def mixed_specs():
         {"family": "toy", "task": "guess", "n": 20, "seed": 1, "reward_density": "dense"},
         {"family": "toy", "task": "count", "n": 4, "seed": 2, "invalid_penalty": 0.5},
         {"family": "toy", "task": "guess", "n": 7, "seed": 3, "obs_format": "raw"},
-        {"family": "toy", "task": "guess", "n": 50, "seed": 4, "split": "test"},
+        {"family": "toy", "task": "guess", "n": 50, "seed": 4, "split": "eval"},
     ]
 
 

@@ -24,7 +24,7 @@ def play(env, actions):
     return [env.step(action) for action in actions]
 
 
-@pytest.mark.parametrize("split", ["train", "test"])
+@pytest.mark.parametrize("split", ["train", "eval"])
 def test_gold_actions_win_with_sparse_reward(split):
     for spec in all_tasks():
         env = envs.make({"family": "toy", "split": split, **spec})
@@ -108,10 +108,10 @@ def test_train_and_test_splits_never_share_a_task():
                 for s in range(40)
             }
 
-        train, test = secrets("train"), secrets("test")
+        train, test = secrets("train"), secrets("eval")
         assert train and test and not train & test
         train_name = ToyEnv({"task": task, "seed": 1, "split": "train"}).task.name
-        assert train_name != ToyEnv({"task": task, "seed": 1, "split": "test"}).task.name
+        assert train_name != ToyEnv({"task": task, "seed": 1, "split": "eval"}).task.name
 
 
 def test_any_string_is_a_safe_action():
