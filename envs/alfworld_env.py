@@ -301,7 +301,8 @@ class AlfWorldEnv:
         self.max_steps = _textplay.get_int(
             spec, "max_steps", max(DEFAULT_MAX_STEPS, 2 * len(gold)), lo=1)
         self.expert_plan = bool(spec.get("expert_plan", False))
-        self.expert_type = spec.get("expert", "planner") if self.expert_plan else None
+        expert = _textplay.get_choice(spec, "expert", "planner", EXPERTS)
+        self.expert_type = expert if self.expert_plan else None
         self.task = TaskSpec(
             family=FAMILY, name=name, complexity=dict(meta["complexity"]),
             optimal_steps=int(meta["optimal_steps"]), gold_actions=list(gold),
