@@ -244,6 +244,7 @@ class EpisodeDriver:
             raise ValueError(f"{len(env_ids)} env ids are not a whole number of groups of "
                              f"group_size={self.group_size}")
         timer = _Timer()
+        self._calls = 0  # sampling keys are fold_in(key, call number): reproducible runs
         episodes = self._reset(env_ids, seeds, timer)
         self._check_groups(episodes)
         if forced_actions is not None:

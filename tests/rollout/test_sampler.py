@@ -1,5 +1,10 @@
 """The KV-cache sampler against transformers' generate and against teacher-forced forwards."""
 
+import json
+import os
+import subprocess
+import sys
+
 import jax
 import numpy as np
 import pytest
@@ -13,6 +18,7 @@ from tests.models.hf_helpers import make_hf_model
 VOCAB = 97
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12, 13], [3, 4, 5, 6, 7, 8, 9, 10, 11, 40, 41]]
 MAX_NEW = 10
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")
@@ -170,3 +176,51 @@ def test_bucket_and_errors(checkpoint):
         generate(checkpoint[0], [[1], []], 3)
     with pytest.raises(ValueError, match="outside the vocabulary"):
         generate(checkpoint[0], [[VOCAB]], 3)
+
+
+# ----------------------------------------------------------------------------- 8 devices
+
+
+def test_sharded_model_samples_like_one_device():
+    """On a (data 2, fsdp 2, tensor 2) mesh of 8 host devices, generation gives the same
+    tokens and log-probs as on one device (child process: XLA_FLAGS must precede JAX)."""
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+               JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__)], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["devices"] == 8
+    assert report["cache_spec"] == [None, ["data", "fsdp"], None, "tensor", None]
+    for kind in ("greedy", "sampled"):
+        assert report[kind]["same_tokens"], report
+        assert report[kind]["logprob_diff"] <= 1e-5, report
+
+
+def _child():
+    from flax import nnx
+
+    from jaxrl_agents import sharding
+    from jaxrl_agents.models import ModelConfig, Transformer
+
+    cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
+                      num_heads=4, num_kv_heads=2, head_dim=8, tie_embeddings=False)
+    reference = Transformer(cfg, rngs=nnx.Rngs(0))
+    mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+    sharded = sharding.shard_params(nnx.clone(reference), mesh)
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [9], [10, 11, 12, 13], [14, 15], [16]]
+    report = {"devices": len(jax.devices())}
+    state = Sampler(sharded, mesh=mesh).new_state(4, 8)
+    report["cache_spec"] = [list(a) if isinstance(a, tuple) else a
+                            for a in state.cache.k.sharding.spec]
+    for kind, params in (("greedy", SamplingParams(0.0)), ("sampled", SamplingParams(1.0, 5))):
+        one = Sampler(reference).generate(prompts, 8, params, jax.random.key(0))
+        many = Sampler(sharded, mesh=mesh).generate(prompts, 8, params, jax.random.key(0))
+        diff = max(abs(a - b) for x, y in zip(one.logprobs, many.logprobs)
+                   for a, b in zip(x, y))
+        report[kind] = {"same_tokens": one.tokens == many.tokens, "logprob_diff": diff}
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    _child()
