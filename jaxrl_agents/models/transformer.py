@@ -78,6 +78,24 @@ def attend(q_btnh, k_bskh, v_bskh, mask_bts):
     return out.reshape(b, t, n, h)
 
 
+def causal_attend(q_btnh, k_btkh, v_btkh, mask_btt, block: int = 128):
+    """`attend` for causal self-attention, skipping key blocks above the diagonal.
+
+    Queries go in blocks of `block` rows; block i only scores keys [0, (i+1)*block),
+    which all later keys are causally masked from anyway: about half the work
+    of the full [T, T] scores for long T. Same result as `attend`.
+    """
+    t = q_btnh.shape[1]
+    if t <= block or t % block:
+        return attend(q_btnh, k_btkh, v_btkh, mask_btt)
+    outs = []
+    for start in range(0, t, block):
+        end = start + block
+        outs.append(attend(q_btnh[:, start:end], k_btkh[:, :end], v_btkh[:, :end],
+                           mask_btt[:, start:end, :end]))
+    return jnp.concatenate(outs, axis=1)  # (B, T, N, H)
+
+
 def causal_padding_mask(attention_mask_bt):
     """[B, T, T] mask: key s is visible from query t when s <= t and s is a real token."""
     t = attention_mask_bt.shape[1]
@@ -182,7 +200,10 @@ class Block(nnx.Module):
             k = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype), start)
             v = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype), start)
             kv = (k, v)
-        x_btd = x_btd + self.attn.output(attend(q, k, v, mask_bts))
+            attn = attend(q, k, v, mask_bts)
+        else:  # self-attention under a causal mask
+            attn = causal_attend(q, k, v, mask_bts)
+        x_btd = x_btd + self.attn.output(attn)
         x_btd = x_btd + self.mlp(self.post_attn_norm(x_btd))
         return x_btd, kv
 

@@ -134,3 +134,16 @@ def test_from_config_accepts_the_config_section():
     cfg = ModelConfig.from_config(section)
     assert cfg.num_kv_heads == 1 and cfg.architecture == "LlamaForCausalLM"
     assert _model(cfg)(jnp.ones((1, 4), jnp.int32)).shape == (1, 4, 61)
+
+
+def test_blocked_causal_attention_equals_full():
+    from jaxrl_agents.models.transformer import attend, causal_attend, causal_padding_mask
+
+    rng = np.random.default_rng(6)
+    q = jnp.asarray(rng.standard_normal((2, 12, 4, 8)), jnp.float32)  # (B, T, N, H)
+    k, v = (jnp.asarray(rng.standard_normal((2, 12, 2, 8)), jnp.float32) for _ in range(2))
+    mask_bt = np.ones((2, 12), bool)
+    mask_bt[0, :5] = False  # left padding
+    mask = causal_padding_mask(jnp.asarray(mask_bt))
+    full, blocked = attend(q, k, v, mask), causal_attend(q, k, v, mask, block=4)
+    np.testing.assert_allclose(blocked[mask_bt], full[mask_bt], atol=1e-6)
