@@ -62,6 +62,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.env = ml_collections.ConfigDict()
     c.env.family = "textworld"  # textworld | alfworld | code | toy
     c.env.name = "w2-o3-q4"  # family-specific task name (TextWorld wR-oO-qQ)
+    c.env.size = 0  # alfworld: objects and receptacles; toy: n; 0 = the family's default
     c.env.num_train_tasks = 64  # distinct training task instances
     c.env.num_eval_tasks = 100  # held-out task instances (never trained on)
     c.env.reward_density = "sparse"  # sparse | every_k | dense

@@ -129,3 +129,15 @@ def test_gradients_match_finite_differences(agg):
     _finite_difference_check(lambda z: kernels.entropy(z, mask, agg=agg)[0], logits)
     for kind in ("k1", "k2", "k3"):
         _finite_difference_check(lambda lp, k=kind: kernels.kl(lp, old_logp, mask, kind=k)[0], logp)
+
+
+def test_next_token_logprobs_aligns_with_targets():
+    logits = np.random.default_rng(2).normal(size=(2, 4, 6)).astype(np.float32)
+    ids = np.array([[1, 2, 3, 4], [5, 0, 1, 2]])
+    got = np.asarray(kernels.next_token_logprobs(logits, ids))
+    logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    assert got.shape == (2, 4) and np.all(got[:, 0] == 0)
+    for b in range(2):
+        for t in range(1, 4):
+            assert got[b, t] == pytest.approx(logp[b, t - 1, ids[b, t]], rel=1e-5)
+    np.testing.assert_array_equal(kernels.shift_right(np.ones((1, 3)))[0], [0, 1, 1])

@@ -10,8 +10,15 @@ VOCAB = 32
 
 
 def tiny_actor_critic(seed=0, critic="head"):
-    cfg = ModelConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_layers=2,
-                      num_heads=2, num_kv_heads=1, head_dim=16)
+    cfg = ModelConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_layers=2,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=16,
+    )
     policy = Transformer(cfg, rngs=nnx.Rngs(seed))
     return build_actor_critic(policy, critic, rngs=nnx.Rngs(seed + 1))
 
@@ -31,6 +38,7 @@ def random_batch(seed=0, episodes=8, turns=3, group_size=2):
         won = bool(rng.random() < 0.5)
         rewards[ends[-1]] = float(won)
         logprobs = np.where(np.array(types) == ACTION, -np.log(VOCAB), 0.0)
-        trajs.append(Trajectory(tokens, types, logprobs, rewards, ends, won=won,
-                                group_id=e // group_size))
+        trajs.append(
+            Trajectory(tokens, types, logprobs, rewards, ends, won=won, group_id=e // group_size)
+        )
     return pack(trajs, length_buckets=(32, 64))

@@ -40,8 +40,9 @@ def test_first_ratio_is_one_when_logprobs_match_the_policy():
     learner, state = _learner("gae")
     batch = random_batch(2)
     # Replace the sampling log-probs with the policy's own.
-    extras, _ = learner._prepare(state, {k: jnp.asarray(v) for k, v in batch.as_dict().items()},
-                                 jnp.float32(0.0))
+    extras, _ = learner._prepare(
+        state, {k: jnp.asarray(v) for k, v in batch.as_dict().items()}, jnp.float32(0.0)
+    )
     batch.old_logprobs = np.asarray(extras["ref_logprobs"]) * batch.action_mask
     learner.ppo_epochs = 1
     learner.minibatch_size = batch.shape[0]

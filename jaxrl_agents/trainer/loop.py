@@ -1,0 +1,290 @@
+"""The outer loop: (SFT) -> collect episodes -> update -> evaluate -> checkpoint -> log.
+
+    summary = train(cfg)            # a fresh run into <output_dir>/<name>/
+    summary = train(cfg, resume=True)  # continue from its latest checkpoint
+
+Everything random in update u is derived from (seed, u): the tasks played, the sampling
+key and the minibatch order. With the learner state, KL controller and reward statistics
+restored from the checkpoint, a resumed run repeats exactly what an uninterrupted run does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+
+import jax
+import numpy as np
+from flax import nnx
+
+from jaxrl_agents import rewards as reward_lib
+from jaxrl_agents.checkpoint import Checkpointer
+from jaxrl_agents.data import pack
+from jaxrl_agents.logging import RunLogger, success_ci
+from jaxrl_agents.trainer import setup
+from jaxrl_agents.trainer.rl import make_learner
+from jaxrl_agents.trainer.sft import SFTTrainer
+
+
+def run_dir_of(cfg) -> str:
+    return os.path.join(cfg.output_dir, cfg.name)
+
+
+def num_updates(cfg) -> int:
+    episodes = cfg.rl.epochs * cfg.rl.episodes_per_epoch
+    return max(episodes // cfg.rollout.episodes_per_batch, 0)
+
+
+@dataclasses.dataclass
+class Progress:
+    """Loop counters saved with each checkpoint (JSON)."""
+
+    update: int = 0  # RL updates done
+    sft_done: bool = False
+    groups_used: int = 0  # the driver's group-id counter
+
+
+class Trainer:
+    """Owns a run: its envs, models, driver, learner, logger and checkpoints."""
+
+    def __init__(self, cfg, *, resume: bool = False):
+        self.cfg = cfg
+        self.run_dir = run_dir_of(cfg)
+        self.resume = resume
+        os.makedirs(self.run_dir, exist_ok=True)
+        self.layout = setup.EnvLayout(cfg)
+        setup.pregenerate(self.layout, cfg.rollout.num_env_workers)
+        self.pool = setup.make_pool(cfg, self.layout)
+        heads = self.layout.train_task_heads()
+        self.tokenizer = setup.build_tokenizer(
+            cfg, self.run_dir, lambda: setup.collect_env_text(self.pool, heads)
+        )
+        self.pad_id = self.tokenizer.pad_token_id or 0
+        vocab = setup.model_vocab_size(self.tokenizer)
+        self.actor_critic = setup.build_actor_critic_from_config(cfg, vocab)
+        policy = self.actor_critic.policy
+        self.driver = setup.make_driver(cfg, policy, self.tokenizer, self.pool)
+        self.eval_driver = (
+            self.driver
+            if cfg.rollout.group_size == 1
+            else setup.make_driver(cfg, policy, self.tokenizer, self.pool, group_size=1)
+        )
+        self.total_updates = num_updates(cfg)
+        self.learner = make_learner(
+            cfg,
+            self.actor_critic,
+            total_updates=self.total_updates,
+            episodes_per_update=cfg.rollout.episodes_per_batch,
+        )
+        self.state = None
+        self.progress = Progress()
+        self.reward_stats = reward_lib.RunningMeanStd()
+        self.checkpointer = Checkpointer(
+            os.path.join(self.run_dir, "checkpoints"), keep=cfg.checkpoint.keep
+        )
+        self.key = jax.random.key(cfg.seed)
+        self.logger = None
+
+    # -- checkpoints
+
+    def _save(self) -> None:
+        meta = {
+            "progress": dataclasses.asdict(self.progress),
+            "kl": self.learner.kl.state_dict(),
+            "reward_stats": self.reward_stats.to_dict(),
+            "learner_updates": self.learner.updates,
+        }
+        self.checkpointer.save(self.progress.update, {"learner": self.state}, meta)
+
+    def _restore(self) -> bool:
+        step = self.checkpointer.latest_step()
+        if step is None:
+            return False
+        state, meta = self.checkpointer.restore(step, template={"learner": self.state})
+        self.state = state["learner"]
+        self.progress = Progress(**meta["progress"])
+        self.learner.kl.load_state_dict(meta["kl"])
+        self.learner.updates = int(meta["learner_updates"])
+        self.reward_stats = reward_lib.RunningMeanStd.from_dict(meta["reward_stats"])
+        self.driver._groups_used = self.progress.groups_used
+        self._sync_policy()
+        return True
+
+    def _sync_policy(self) -> None:
+        """Makes the modules the driver samples from hold the learner's parameters."""
+        nnx.update(self.actor_critic, self.state.params)
+
+    # -- stages
+
+    def evaluate(self, stage: str, step: int | None = None) -> dict:
+        """Greedy play on every held-out task; success with a 95% Wilson interval."""
+        ids = self.layout.eval_ids
+        chunk = max(self.cfg.rollout.episodes_per_batch, 1)
+        trajs = []
+        for i in range(0, len(ids), chunk):
+            trajs += self.eval_driver.run(ids[i : i + chunk], greedy=True)
+        result = success_ci([t.won for t in trajs])
+        result["return_mean"] = float(np.mean([t.episode_return for t in trajs]))
+        result["failed"] = int(sum(t.failed for t in trajs))
+        self.logger.write_eval(stage, result, step=step)
+        return result
+
+    def run_sft(self) -> dict:
+        cfg = self.cfg
+        heads = self.layout.train_task_heads()[: cfg.sft.num_trajectories]
+        gold = [t for t in self.eval_driver.run(heads, forced_actions="gold") if t.won]
+        self.logger.write(f"SFT on {len(gold)} golden trajectories (of {len(heads)} tasks)")
+        trainer = SFTTrainer.from_config(cfg, self.actor_critic.policy, pad_id=self.pad_id)
+
+        def on_epoch(row):
+            self.logger.log(0, {f"sft/{k}": v for k, v in row.items()})
+            self.logger.write(
+                f"  SFT epoch {row['epoch']}: train {row['train_loss']:.4f} "
+                f"val {row.get('val_loss', float('nan')):.4f}"
+            )
+
+        history = trainer.fit(gold, on_epoch=on_epoch)
+        result = self.evaluate("sft") if cfg.sft.eval_games else {}
+        result["history"] = history
+        return result
+
+    def collect(self, update: int):
+        """Episodes of update `update` and their packed batch."""
+        cfg = self.cfg
+        rng = np.random.default_rng([cfg.seed, update])
+        num_tasks = max(cfg.rollout.episodes_per_batch // self.layout.group_size, 1)
+        tasks = rng.choice(
+            self.layout.num_train, size=min(num_tasks, self.layout.num_train), replace=False
+        )
+        key = jax.random.fold_in(jax.random.fold_in(self.key, update), 0)
+        trajs = self.driver.run(self.layout.train_ids(tasks), key)
+        returns = np.array([t.episode_return for t in trajs], np.float64)
+        for t in trajs:
+            t.rewards = reward_lib.scale_rewards(
+                t.rewards,
+                scale=cfg.rl.reward_scale,
+                clip=cfg.rl.reward_clip,
+                normalizer=self.reward_stats if cfg.rl.reward_norm else None,
+            )
+        if cfg.rl.reward_norm:
+            self.reward_stats.update(returns)
+        batch = pack(trajs, pad_id=self.pad_id, length_buckets=cfg.rollout.length_buckets)
+        return trajs, batch
+
+    def rl_update(self, update: int) -> dict:
+        start = time.perf_counter()
+        trajs, batch = self.collect(update)
+        rollout_s = time.perf_counter() - start
+        stats = dict(self.driver.last_stats)
+        key = jax.random.fold_in(jax.random.fold_in(self.key, update), 1)
+        self.state, metrics = self.learner.update(self.state, batch, key)
+        self._sync_policy()
+        update_s = time.perf_counter() - start - rollout_s
+        metrics.update(stats)
+        metrics.update(
+            {
+                "charts/success": setup.success_rate(trajs),
+                "charts/action_coverage": setup.action_coverage(trajs),
+                "perf/tokens_per_s": float(batch.valid.sum()) / (rollout_s + update_s),
+                "perf/rollout_s": rollout_s,
+                "perf/update_s": update_s,
+            }
+        )
+        return metrics
+
+    def run(self) -> dict:
+        cfg = self.cfg
+        self.state = self.learner.init_state(self.actor_critic)
+        resumed = self.resume and self._restore()
+        self.logger = RunLogger(
+            self.run_dir,
+            tensorboard=cfg.logging.tensorboard,
+            jsonl=cfg.logging.jsonl,
+            progress_bar=cfg.logging.progress_bar,
+            total=self.total_updates,
+            resume_step=self.progress.update if resumed else None,
+        )
+        self.logger.save_config(cfg)
+        summary = {}
+        if cfg.sft.enabled and not self.progress.sft_done:
+            summary["sft"] = self.run_sft()
+            # The reference policy is the SFT policy; optimizer state starts fresh.
+            self.state = self.learner.init_state(self.actor_critic)
+            self.progress.sft_done = True
+            self._save()
+        for update in range(self.progress.update, self.total_updates):
+            metrics = self.rl_update(update)
+            self.progress.update = update + 1
+            self.progress.groups_used = self.driver._groups_used
+            if cfg.rl.eval_every and (update + 1) % cfg.rl.eval_every == 0:
+                result = self.evaluate("rl", step=update + 1)
+                metrics["eval/success"] = result["mean"]
+            self.logger.log(update + 1, metrics)
+            if cfg.checkpoint.every and (update + 1) % cfg.checkpoint.every == 0:
+                self._save()
+        if self.total_updates:
+            summary["rl"] = self.evaluate("rl")
+            self._save()
+        self.checkpointer.wait()
+        if cfg.logging.plots:
+            summary["plots"] = self.logger.plot()
+        summary["run_dir"] = self.run_dir
+        return summary
+
+    def close(self) -> None:
+        if self.logger is not None:
+            self.logger.close()
+        self.checkpointer.close()
+        self.pool.close()
+
+
+def train(cfg, *, resume: bool = False) -> dict:
+    trainer = Trainer(cfg, resume=resume)
+    try:
+        return trainer.run()
+    finally:
+        trainer.close()
+
+
+def evaluate_checkpoint(cfg, step: int | None = None) -> dict:
+    """Held-out success of a run's checkpoint (latest by default), written as "eval"."""
+    trainer = Trainer(cfg)
+    try:
+        trainer.state = trainer.learner.init_state(trainer.actor_critic)
+        restored, _ = trainer.checkpointer.restore(
+            step, template={"learner": {"params": trainer.state.params}}, partial=True
+        )
+        trainer.state = dataclasses.replace(trainer.state, params=restored["learner"]["params"])
+        trainer._sync_policy()
+        trainer.logger = RunLogger(
+            trainer.run_dir, tensorboard=False, jsonl=False, progress_bar=False
+        )
+        return trainer.evaluate("eval")
+    finally:
+        trainer.close()
+
+
+def format_summary(summary: dict) -> str:
+    """Human-readable end-of-run lines: held-out success after SFT and after RL."""
+    lines = []
+    for stage in ("sft", "rl"):
+        r = summary.get(stage)
+        if r and r.get("mean") is not None:
+            lines.append(
+                f"held-out success after {stage.upper()}: {r['mean']:.3f} "
+                f"(95% CI {r['ci_low']:.3f}-{r['ci_high']:.3f}, {r['n']} games)"
+            )
+    run_dir = summary.get("run_dir", "")
+    lines.append(
+        f"logs: {run_dir}/metrics.jsonl, TensorBoard in {run_dir}, "
+        f"eval: {run_dir}/eval.json, plots: {run_dir}/plots/"
+    )
+    return "\n".join(lines)
+
+
+def write_summary(summary: dict) -> None:
+    path = os.path.join(summary["run_dir"], "summary.json")
+    with open(path, "w") as f:
+        json.dump({k: v for k, v in summary.items() if k != "plots"}, f, indent=1, default=str)

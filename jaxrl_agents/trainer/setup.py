@@ -1,0 +1,124 @@
+"""Building what a run needs from its config: env specs, pool, tokenizer, models, driver."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+from flax import nnx
+
+import envs
+from jaxrl_agents.models import ModelConfig, Transformer, build_actor_critic, hf_io
+from jaxrl_agents.models.tokenizer import load_tokenizer, train_tokenizer
+from jaxrl_agents.rollout import DEFAULT_SYSTEM_PROMPT, EpisodeDriver, grouped_specs
+from jaxrl_agents.trainer.tasks import task_specs
+
+# Families whose games are generated files worth making in parallel before the pool starts.
+_GENERATORS = {"textworld": "envs.textworld_env", "alfworld": "envs.alfworld_env"}
+
+
+class EnvLayout:
+    """Which pool env ids hold which tasks.
+
+    Train task k occupies ids [k * g, (k + 1) * g) (g = group size, every copy plays the same
+    task); held-out task j occupies id num_train * g + j.
+    """
+
+    def __init__(self, cfg):
+        self.group_size = cfg.rollout.group_size
+        self.train_specs = task_specs(cfg.env, "train", cfg.env.num_train_tasks, cfg.seed)
+        self.eval_specs = task_specs(cfg.env, "eval", cfg.env.num_eval_tasks, cfg.seed)
+        self.specs = grouped_specs(self.train_specs, self.group_size) + self.eval_specs
+
+    @property
+    def num_train(self) -> int:
+        return len(self.train_specs)
+
+    def train_ids(self, task_indices) -> list[int]:
+        g = self.group_size
+        return [k * g + j for k in task_indices for j in range(g)]
+
+    def train_task_heads(self) -> list[int]:
+        """One env id per train task (the first copy)."""
+        return [k * self.group_size for k in range(self.num_train)]
+
+    @property
+    def eval_ids(self) -> list[int]:
+        start = self.num_train * self.group_size
+        return list(range(start, start + len(self.eval_specs)))
+
+
+def pregenerate(layout: EnvLayout, num_workers: int) -> None:
+    """Generates (or finds cached) every game file in parallel, before the pool starts."""
+    family = layout.train_specs[0]["family"] if layout.train_specs else None
+    if family in _GENERATORS:
+        import importlib
+
+        module = importlib.import_module(_GENERATORS[family])
+        module.generate_games(layout.train_specs + layout.eval_specs, num_workers=num_workers)
+
+
+def make_pool(cfg, layout: EnvLayout) -> envs.EnvPool:
+    return envs.EnvPool(
+        layout.specs, cfg.rollout.num_env_workers, timeout_s=cfg.rollout.env_timeout_s
+    )
+
+
+def collect_env_text(pool, env_ids, max_steps: int = 50) -> list[str]:
+    """Plays the gold actions in `env_ids` and returns every observation and action text
+    (the corpus a demo tokenizer is trained on)."""
+    texts = [DEFAULT_SYSTEM_PROMPT]
+    results = pool.reset(env_ids)
+    gold = [pool.tasks[i].gold_actions for i in env_ids]
+    texts += [r.observation for r in results]
+    for step in range(max_steps):
+        live = [(i, g[step]) for i, g, r in zip(env_ids, gold, results) if step < len(g)]
+        if not live:
+            break
+        ids, actions = zip(*live)
+        texts += list(actions)
+        results_now = pool.step(list(ids), list(actions))
+        texts += [r.observation for r in results_now]
+        for r in results_now:
+            texts += list(r.info.get("admissible_commands", []) or [])
+    return texts
+
+
+def build_tokenizer(cfg, run_dir: str, text_fn):
+    """Loads `tokenizer.path`, or trains one on `text_fn()` into run_dir/tokenizer."""
+    if cfg.tokenizer.path:
+        return load_tokenizer(cfg.tokenizer.path)
+    path = os.path.join(run_dir, "tokenizer")
+    if os.path.exists(os.path.join(path, "tokenizer.json")):
+        return load_tokenizer(path)
+    return train_tokenizer(text_fn(), cfg.tokenizer.vocab_size, path)
+
+
+def build_actor_critic_from_config(cfg, vocab_size: int, mesh=None):
+    """The policy (from `model.hf_path` or the config's fields) wrapped with its critic."""
+    if cfg.model.hf_path:
+        policy, _ = hf_io.load(cfg.model.hf_path, dtype=cfg.model.dtype, mesh=mesh)
+    else:
+        model_cfg = ModelConfig.from_config(cfg.model).replace(vocab_size=vocab_size)
+        policy = Transformer(model_cfg, rngs=nnx.Rngs(cfg.seed))
+    return build_actor_critic(policy, cfg.model.critic, rngs=nnx.Rngs(cfg.seed + 1))
+
+
+def model_vocab_size(tokenizer, multiple: int = 8) -> int:
+    """len(tokenizer) rounded up (padding rows are never sampled: they are never targets)."""
+    return int(-(-len(tokenizer) // multiple) * multiple)
+
+
+def make_driver(cfg, policy, tokenizer, pool, *, group_size: int | None = None):
+    overrides = {} if group_size is None else {"group_size": group_size}
+    return EpisodeDriver.from_config(policy, tokenizer, pool, cfg, **overrides)
+
+
+def action_coverage(trajectories) -> float:
+    """Distinct action strings over actions taken (0..1): a collapse monitor."""
+    actions = [a.strip().lower() for t in trajectories for a in t.info.get("actions", [])]
+    return len(set(actions)) / max(len(actions), 1)
+
+
+def success_rate(trajectories) -> float:
+    return float(np.mean([t.won for t in trajectories])) if trajectories else 0.0
