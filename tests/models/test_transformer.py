@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxrl_agents.models import ModelConfig, Transformer, hf_io
+from jaxrl_agents.models import ModelConfig, Transformer, build_policy, hf_io
 from jaxrl_agents.models.transformer import default_positions
 from tests.models.hf_helpers import padded_batch
 
@@ -103,6 +103,13 @@ def test_bfloat16_forward_stays_close(tmp_path):
     real = mask.astype(bool)
     err = np.abs(np.asarray(got)[real] - want[real]).max()
     assert err <= 0.05 * np.abs(want[real]).max() + 1e-2, err
+    # a bfloat16 export loads in transformers as bfloat16
+    import torch
+    import transformers
+
+    out = hf_io.save(bf16, config, str(tmp_path / "bf16"))
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(out)
+    assert reloaded.model.embed_tokens.weight.dtype == torch.bfloat16
 
 
 def test_hidden_states_shape_and_dtype():
@@ -133,7 +140,18 @@ def test_from_config_accepts_the_config_section():
         "param_dtype": "float32", "remat": "none", "scan_layers": False})
     cfg = ModelConfig.from_config(section)
     assert cfg.num_kv_heads == 1 and cfg.architecture == "LlamaForCausalLM"
-    assert _model(cfg)(jnp.ones((1, 4), jnp.int32)).shape == (1, 4, 61)
+    model, built = build_policy(section, seed=1)
+    assert built == cfg and model(jnp.ones((1, 4), jnp.int32)).shape == (1, 4, 61)
+
+
+def test_build_policy_from_hf_path(tmp_path):
+    plain = _model()
+    path = hf_io.save(plain, plain.config, str(tmp_path / "ckpt"))
+    model, cfg = build_policy({"hf_path": path, "dtype": "float32", "scan_layers": True,
+                               "remat": "full"})
+    assert cfg.scan_layers and cfg.remat == "full" and cfg.vocab_size == TINY.vocab_size
+    ids = jnp.ones((1, 3), jnp.int32)
+    np.testing.assert_allclose(model(ids), plain(ids), atol=1e-5)
 
 
 def test_blocked_causal_attention_equals_full():
