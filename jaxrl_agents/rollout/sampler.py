@@ -6,12 +6,13 @@ so a whole generation is one device call. Programs are compiled per shape bucket
 chunk length P and cache length S are rounded up to a few sizes (`bucket`), and sampling
 settings are static, so a run compiles a handful of programs.
 
-Cache layout. All rows of a call write the same slots (`forward_with_cache`), so rows are
-left-padded inside a chunk and the decode slots of a row that already stopped stay masked:
-a row's real tokens sit in the cache with holes in between. RoPE positions count real tokens
-only, so the holes change nothing; `compact` squeezes them out (stable, per row) when the
-cache would overflow, and `grow` pads the cache to the next size bucket when that is not
-enough.
+Cache layout. All rows of a call write the same slots, so rows are left-padded inside a
+chunk and the decode slots of a row that already stopped stay masked: a row's real tokens
+sit in the cache with holes in between. RoPE positions count real tokens only, so the holes
+change nothing; `_compact` squeezes them out (stable, per row) when the cache would
+overflow, and `_grow` pads the cache to the next size bucket when that is not enough.
+The cache is one (k, v) pair of [B, S, K, H] buffers per layer (`LayerCache`), so the decode
+loop updates each in place; a stacked `KVCache` would be copied whole at every token.
 
 Shape letters: B batch, P chunk length, M max new tokens, S cache slots, V vocab.
 """
@@ -28,7 +29,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxrl_agents.models.transformer import KVCache
+from jaxrl_agents.models.transformer import KVCache, rope_tables
+
+# One (k, v) pair per layer, each [B, S, K, H].
+LayerCache = tuple[tuple[jax.Array, jax.Array], ...]
 
 PREFILL_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048)
 CACHE_BUCKETS = (128, 256, 512, 1024, 2048, 4096, 8192)
@@ -117,12 +121,12 @@ def sample_tokens(logits_bv, key, params: SamplingParams):
 class DecodeState(NamedTuple):
     """The cache of B rows between calls.
 
-    cache: KVCache, k and v [L, B, S, K, H]. cache_mask: [B, S] bool, slots holding real
+    cache: LayerCache, per layer (k, v) [B, S, K, H]. cache_mask: [B, S] bool, slots holding real
     tokens. cache_index: first free slot (host int; all rows share it). lengths: [B] int32
     numpy, real tokens per row (the RoPE position of the next token).
     """
 
-    cache: KVCache
+    cache: LayerCache
     cache_mask: jax.Array
     cache_index: int
     lengths: np.ndarray
@@ -159,6 +163,32 @@ class GenerationResult:
 # ----------------------------------------------------------------------------- compiled steps
 
 
+def _forward(model, ids_bt, positions_bt, cache: LayerCache, cache_index, cache_mask_bs):
+    """`Transformer.forward_with_cache` on a per-layer cache: (logits [B, T, V], cache).
+
+    For layers kept in a list it runs each `Block` on its own (k, v) buffers (updated in
+    place inside loops); a model with stacked (scanned) layers goes through
+    `forward_with_cache` with the cache stacked and split again.
+    """
+    cfg = model.config
+    if cfg.scan_layers:
+        stacked = KVCache(jnp.stack([k for k, _ in cache]), jnp.stack([v for _, v in cache]))
+        logits, stacked = model.forward_with_cache(ids_bt, positions_bt, stacked, cache_index,
+                                                   cache_mask_bs)
+        return logits, tuple(zip(stacked.k, stacked.v))
+    t, s = ids_bt.shape[1], cache_mask_bs.shape[1]
+    causal = jnp.arange(s)[None, :] <= (cache_index + jnp.arange(t))[:, None]  # (T, S)
+    mask = causal[None] & cache_mask_bs[:, None, :]  # (B, T, S)
+    x = model.embed_tokens[...][ids_bt].astype(cfg.jnp_dtype)  # (B, T, D)
+    cos, sin = rope_tables(positions_bt, cfg.head_dim, cfg.rope_theta)
+    new_cache = []
+    for block, kv in zip(model.layers, cache):
+        x, kv = block(x, cos, sin, mask, kv, cache_index)
+        new_cache.append(kv)
+    return model.logits(model.final_norm(x)), tuple(new_cache)
+
+
+
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_new", "sampling"),
                    donate_argnames=("cache", "cache_mask"))
 def _extend(graphdef, params, cache, cache_mask, cache_index, chunk_ids, chunk_mask, lengths,
@@ -178,8 +208,7 @@ def _extend(graphdef, params, cache, cache_mask, cache_index, chunk_ids, chunk_m
     positions = lengths[:, None] + jnp.cumsum(chunk_mask, axis=1) - 1  # (B, P)
     positions = jnp.maximum(positions, 0)
     cache_mask = jax.lax.dynamic_update_slice(cache_mask, chunk_mask, (0, cache_index))
-    logits, cache = model.forward_with_cache(chunk_ids, positions, cache, cache_index,
-                                             cache_mask)
+    logits, cache = _forward(model, chunk_ids, positions, cache, cache_index, cache_mask)
     lengths = lengths + chunk_mask.sum(axis=1, dtype=jnp.int32)
     done = ~chunk_mask.any(axis=1)
 
@@ -198,8 +227,8 @@ def _extend(graphdef, params, cache, cache_mask, cache_index, chunk_ids, chunk_m
         lp_samp = lp_samp.at[:, i].set(jnp.where(live, samp, 0.0))
         slot = cache_index + p + i
         cache_mask = jax.lax.dynamic_update_slice(cache_mask, live[:, None], (0, slot))
-        logits, cache = model.forward_with_cache(tok[:, None], lengths[:, None], cache, slot,
-                                                 cache_mask)
+        logits, cache = _forward(model, tok[:, None], lengths[:, None], cache, slot,
+                                 cache_mask)
         lengths = lengths + live.astype(jnp.int32)
         done = done | (live & stop_table[tok]) | (i + 1 >= max_new)
         return i + 1, logits[:, -1], cache, cache_mask, lengths, done, key, toks, lp_raw, lp_samp
@@ -214,22 +243,21 @@ def _extend(graphdef, params, cache, cache_mask, cache_index, chunk_ids, chunk_m
 
 
 @jax.jit
-def _compact(cache: KVCache, cache_mask):
+def _compact(cache: LayerCache, cache_mask):
     """Moves each row's real slots to the front, in order; returns (cache, mask, max count)."""
     order = jnp.argsort(~cache_mask, axis=1, stable=True)  # (B, S): real slots first
-    gather = order[None, :, :, None, None]  # (1, B, S, 1, 1)
-    k = jnp.take_along_axis(cache.k, gather, axis=2)
-    v = jnp.take_along_axis(cache.v, gather, axis=2)
+    gather = order[:, :, None, None]  # (B, S, 1, 1)
+    cache = jax.tree.map(lambda x: jnp.take_along_axis(x, gather, axis=1), cache)
     mask = jnp.take_along_axis(cache_mask, order, axis=1)
-    return KVCache(k, v), mask, jnp.max(jnp.sum(cache_mask, axis=1))
+    return cache, mask, jnp.max(jnp.sum(cache_mask, axis=1))
 
 
 @functools.partial(jax.jit, static_argnames=("slots",))
-def _grow(cache: KVCache, cache_mask, *, slots: int):
+def _grow(cache: LayerCache, cache_mask, *, slots: int):
     """Pads the cache with empty slots up to `slots`."""
     extra = slots - cache_mask.shape[1]
-    pad = ((0, 0), (0, 0), (0, extra), (0, 0), (0, 0))
-    return (KVCache(jnp.pad(cache.k, pad), jnp.pad(cache.v, pad)),
+    pad = ((0, 0), (0, extra), (0, 0), (0, 0))
+    return (jax.tree.map(lambda x: jnp.pad(x, pad), cache),
             jnp.pad(cache_mask, ((0, 0), (0, extra))))
 
 
@@ -294,18 +322,16 @@ class Sampler:
         """The batch bucket for n rows."""
         return bucket(n, self.batch_buckets, self.batch_multiple)
 
-    def _place_cache(self, cache: KVCache, cache_mask):
+    def _place_cache(self, cache: LayerCache, cache_mask):
         if self.mesh is None:
             return cache, cache_mask
         from jaxrl_agents import sharding
 
-        axes = ("layers", "batch", "length", "kv_heads", "head_dim")
-        kv_sharding = sharding.logical_to_sharding(axes, self.mesh, cache.k.shape)
+        axes = ("batch", "length", "kv_heads", "head_dim")
+        kv_sharding = sharding.logical_to_sharding(axes, self.mesh, cache[0][0].shape)
         mask_sharding = sharding.logical_to_sharding(("batch", "length"), self.mesh,
                                                      cache_mask.shape)
-        return (KVCache(jax.device_put(cache.k, kv_sharding),
-                        jax.device_put(cache.v, kv_sharding)),
-                jax.device_put(cache_mask, mask_sharding))
+        return (jax.device_put(cache, kv_sharding), jax.device_put(cache_mask, mask_sharding))
 
     def _place_rows(self, x):
         if self.mesh is None:
@@ -317,7 +343,10 @@ class Sampler:
     def new_state(self, batch: int, slots: int = 0) -> DecodeState:
         """An empty cache for `batch` rows (already a batch bucket) and `slots` slots."""
         slots = bucket(max(slots, 1), self.cache_buckets)
-        cache = self.model.init_cache(batch, slots)
+        cfg = self.config
+        shape = (batch, slots, cfg.num_kv_heads, cfg.head_dim)
+        cache = tuple((jnp.zeros(shape, cfg.jnp_dtype), jnp.zeros(shape, cfg.jnp_dtype))
+                      for _ in range(cfg.num_layers))
         mask = jnp.zeros((batch, slots), bool)
         cache, mask = self._place_cache(cache, mask)
         return DecodeState(cache, mask, 0, np.zeros((batch,), np.int32))

@@ -1,0 +1,139 @@
+"""Rollout benchmark, in one run on this machine.
+
+1. Decode throughput (new tokens / s) of our jitted KV-cache sampler against transformers'
+   PyTorch `generate` (with its KV cache), greedy, the same random weights, batch 1, 8 and
+   32, 128 new tokens each; prints the ratio (target: >= 2x at batch 8 and 32).
+2. Episodes per minute of `EpisodeDriver` on TextWorld w2-o3-q4 with a tiny random policy
+   (sampled at temperature 1, so episodes mostly run to their step budget).
+
+Usage: .venv/bin/python bench/rollout.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import transformers  # noqa: E402
+
+from bench.common import median_seconds, table  # noqa: E402
+from jaxrl_agents.models import hf_io  # noqa: E402
+from jaxrl_agents.rollout import Sampler, SamplingParams  # noqa: E402
+
+NEW_TOKENS = 128
+PROMPT_LEN = 32
+MAX_CONTEXT = 4096  # large enough that episodes run to the env's step budget
+
+
+def make_checkpoint(path: str, vocab: int = 2048) -> transformers.PreTrainedModel:
+    """A random Qwen2-style model (about 5M parameters), saved to `path`."""
+    config = transformers.Qwen2Config(
+        vocab_size=vocab, hidden_size=256, intermediate_size=704, num_hidden_layers=4,
+        num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=1024,
+        tie_word_embeddings=True)
+    torch.manual_seed(0)
+    model = transformers.Qwen2ForCausalLM(config).eval()
+    model.save_pretrained(path)
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+def torch_generate(model, prompts: np.ndarray):
+    with torch.no_grad():
+        ids = torch.tensor(prompts, dtype=torch.long)
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                             max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
+                             do_sample=False, use_cache=True)
+    assert out.shape[1] == prompts.shape[1] + NEW_TOKENS
+    return out
+
+
+def decode_throughput(repeats: int):
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        torch_model = make_checkpoint(tmp)
+        model, _ = hf_io.load(tmp)
+        sampler = Sampler(model)
+        rng = np.random.default_rng(0)
+        for batch in (1, 8, 32):
+            prompts = rng.integers(1, 2048, size=(batch, PROMPT_LEN))
+            ours = lambda p=prompts: sampler.generate(p.tolist(), NEW_TOKENS, SamplingParams())
+            theirs = lambda p=prompts: torch_generate(torch_model, p)
+            t_ours = median_seconds(ours, repeats=repeats, warmup=1)
+            t_theirs = median_seconds(theirs, repeats=repeats, warmup=1)
+            tok = batch * NEW_TOKENS
+            rows.append([batch, f"{tok / t_ours:,.0f}", f"{tok / t_theirs:,.0f}",
+                         f"{t_theirs / t_ours:.2f}x"])
+    print(f"Decode throughput: greedy, prompt {PROMPT_LEN} tokens, {NEW_TOKENS} new tokens, "
+          f"Qwen2 D=256 L=4 V=2048; torch threads {torch.get_num_threads()}, "
+          f"jax {jax.__version__} on {jax.devices()[0].platform}")
+    print(table(rows, ["batch", "ours tok/s", "torch tok/s", "ratio"]))
+
+
+def episodes_per_minute(episodes: int):
+    from flax import nnx
+
+    import envs
+    from envs import textworld_env
+    from jaxrl_agents.models import ModelConfig, Transformer
+    from jaxrl_agents.models.tokenizer import train_tokenizer
+    from jaxrl_agents.rollout import EpisodeDriver
+
+    cache_dir = os.path.join(tempfile.gettempdir(), "jaxrl-bench-textworld")
+    specs = [{"family": "textworld", "name": "w2-o3-q4", "seed": i, "split": "train",
+              "cache_dir": cache_dir} for i in range(episodes)]
+    t0 = time.perf_counter()
+    textworld_env.generate_games(specs, num_workers=2)
+    print(f"\n(TextWorld games ready in {time.perf_counter() - t0:.1f} s, cached in {cache_dir})")
+    with tempfile.TemporaryDirectory() as tmp, envs.EnvPool(specs, num_workers=2) as pool:
+        texts = [r.observation for r in pool.reset()] + ["go north", "take apple", "open box"]
+        tokenizer = train_tokenizer(texts * 4, vocab_size=512, path=tmp)
+        cfg = ModelConfig(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=384,
+                          num_layers=4, num_heads=4, num_kv_heads=2, head_dim=32,
+                          tie_embeddings=True, qkv_bias=False)
+        model = Transformer(cfg, rngs=nnx.Rngs(0))
+        driver = EpisodeDriver(model, tokenizer, pool, max_action_tokens=16,
+                               max_context=MAX_CONTEXT, temperature=1.0)
+        ids = list(range(episodes))
+        driver.run(ids, jax.random.key(0))  # compiles every shape the timed run meets
+        start = time.perf_counter()
+        trajectories = driver.run(ids, jax.random.key(0))
+        wall = time.perf_counter() - start
+        stats = driver.last_stats
+    turns = sum(t.num_turns for t in trajectories)
+    ends = sorted({t.info["end_reason"] for t in trajectories})
+    print(f"Driver on TextWorld w2-o3-q4, {episodes} episodes in lock-step (2 env workers, "
+          f"two half-batches), tiny random policy (D=128 L=4), max 16 action tokens, "
+          f"max_context {MAX_CONTEXT}, episodes ended by {ends}:")
+    print(f"  {episodes / wall * 60:.1f} episodes/min, {turns / wall:.1f} turns/s, "
+          f"{stats['rollout/action_tokens'] / wall:.0f} action tokens/s, "
+          f"mean {turns / episodes:.1f} turns, mean length "
+          f"{np.mean([len(t) for t in trajectories]):.0f} tokens")
+    print(f"  model waited for envs {stats['rollout/model_wait_frac']:.0%} of wall time, "
+          f"no env call in flight {stats['rollout/env_wait_frac']:.0%} "
+          f"(a lower bound of the time envs waited for the model)")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="fewer repeats and episodes")
+    parser.add_argument("--skip-driver", action="store_true")
+    args = parser.parse_args()
+    decode_throughput(repeats=1 if args.quick else 3)
+    if not args.skip_driver:
+        episodes_per_minute(8 if args.quick else 16)
+
+
+if __name__ == "__main__":
+    main()
