@@ -29,7 +29,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check jaxrl_agents envs configs tests bench
 
 demo: $(STAMP)
-	@echo "make demo arrives with the trainer (issue: trainer and the main job)."; exit 1
+	$(VENV)/bin/jaxrl-train --config configs/textworld_tiny.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info
