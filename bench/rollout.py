@@ -121,8 +121,7 @@ def episodes_per_minute(episodes: int):
           f"mean {turns / episodes:.1f} turns, mean length "
           f"{np.mean([len(t) for t in trajectories]):.0f} tokens")
     print(f"  model waited for envs {stats['rollout/model_wait_frac']:.0%} of wall time, "
-          f"no env call in flight {stats['rollout/env_wait_frac']:.0%} "
-          f"(a lower bound of the time envs waited for the model)")
+          f"envs waited for the model {stats['rollout/env_wait_frac']:.0%}")
 
 
 def main():

@@ -6,10 +6,11 @@ episode's KV cache, and actions are sampled for all live episodes in one device 
 (`Sampler.extend`); the decoded actions go to the pool, the observations come back.
 
 Overlap: the episodes are split in two half-batches ("lanes") with their own caches. While
-the pool steps one lane's actions (`step_async`), the model samples the other lane's, then
-`wait()`s; so the accelerator works while environments step and the reverse. `last_stats`
-reports the fraction of wall time the model waited for environments and the environments
-waited for the model.
+the pool steps one lane's actions (`step_async`, then `wait()` in a helper thread that notes
+when the results arrived), the model samples the other lane's; so the accelerator works
+while environments step and the reverse. `last_stats` reports the fraction of wall time the
+model waited for environments (`rollout/model_wait_frac`) and the environments waited for
+the model (`rollout/env_wait_frac`: no env call being processed).
 
 An episode ends when its env says done (won / lost / the env's step budget), at the driver's
 `max_steps`, when its next turn would pass `max_context` tokens (prompt chunk plus
@@ -22,13 +23,19 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import jax
 import numpy as np
 
 from jaxrl_agents.data.trajectory import ACTION, PROMPT, Trajectory
 from jaxrl_agents.rollout.render import DEFAULT_SYSTEM_PROMPT, Renderer
-from jaxrl_agents.rollout.sampler import Sampler, SamplingParams, token_ids_containing
+from jaxrl_agents.rollout.sampler import (
+    CACHE_BUCKETS,
+    Sampler,
+    SamplingParams,
+    token_ids_containing,
+)
 
 END_REASONS = ("done", "step_budget", "context", "failed", "forced_actions_exhausted")
 
@@ -161,8 +168,8 @@ class _Timer:
 
     start: float = dataclasses.field(default_factory=time.perf_counter)
     model: float = 0.0
-    env_wait: float = 0.0  # blocked in pool.wait() / reset
-    env_inflight: float = 0.0  # an env call was in flight
+    env_wait: float = 0.0  # the model side blocked waiting for env results (and resets)
+    env_busy: float = 0.0  # an env call was being processed (submit to results)
     submitted: float = 0.0
 
 
@@ -182,6 +189,7 @@ class EpisodeDriver:
     share a group id. max_steps: the driver's own step budget (None: the envs' budgets).
     overlap: split the batch in two half-batches that alternate with the envs.
     mesh: optional mesh for the sampler's cache (parameters already sharded).
+    cache_buckets: KV cache lengths compiled for (the cache grows through them).
     """
 
     def __init__(self, model, tokenizer, pool, *, max_action_tokens: int = 16,
@@ -189,7 +197,7 @@ class EpisodeDriver:
                  top_k: int = 0, stop_strings: Sequence[str] = ("\n",),
                  template: str = "chat", system_prompt: str = DEFAULT_SYSTEM_PROMPT,
                  group_size: int = 1, max_steps: int | None = None, overlap: bool = True,
-                 mesh=None):
+                 mesh=None, cache_buckets: Sequence[int] = CACHE_BUCKETS):
         if max_action_tokens < 1:
             raise ValueError(f"max_action_tokens must be >= 1, got {max_action_tokens}")
         if group_size < 1:
@@ -207,7 +215,7 @@ class EpisodeDriver:
         if tokenizer.eos_token_id is not None:
             stops.append(int(tokenizer.eos_token_id))
         self.sampler = Sampler(model, stop_token_ids=sorted(set(stops)), mesh=mesh,
-                               pad_id=tokenizer.pad_token_id or 0)
+                               pad_id=tokenizer.pad_token_id or 0, cache_buckets=cache_buckets)
         self.last_stats: dict[str, float] = {}
         self._groups_used = 0
         self._calls = 0
@@ -219,7 +227,8 @@ class EpisodeDriver:
         kwargs = dict(max_action_tokens=r.max_action_tokens, max_context=r.max_context,
                       temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
                       stop_strings=tuple(r.stop_strings), group_size=r.group_size,
-                      template=config.tokenizer.chat_template)
+                      template=config.tokenizer.chat_template,
+                      cache_buckets=tuple(r.length_buckets))
         kwargs.update(overrides)
         return cls(model, tokenizer, pool, **kwargs)
 
@@ -266,7 +275,7 @@ class EpisodeDriver:
         results = self.pool.reset(env_ids, seeds)
         spent = time.perf_counter() - start
         timer.env_wait += spent
-        timer.env_inflight += spent
+        timer.env_busy += spent
         tasks = self.pool.tasks
         episodes = []
         for k, (env_id, result) in enumerate(zip(env_ids, results)):
@@ -314,25 +323,31 @@ class EpisodeDriver:
 
     def _play(self, lanes: list[_Lane], sampling, key, timer: _Timer, forced: bool) -> None:
         """Alternates lanes: the model acts for one while the pool steps the other."""
-        inflight = None  # (lane, episodes stepped)
-        while any(lane.live for lane in lanes) or inflight is not None:
-            for lane in lanes:
-                if inflight is not None and inflight[0] is lane:
-                    self._finish(inflight[1], timer)
-                    inflight = None
-                stepping = []
-                if lane.live:
-                    start = time.perf_counter()
-                    stepping = self._act(lane, sampling, key, forced)
-                    timer.model += time.perf_counter() - start
-                if inflight is not None:
-                    self._finish(inflight[1], timer)
-                    inflight = None
-                if stepping:
-                    actions = [ep.record.actions[-1] for ep in stepping]
-                    self.pool.step_async([ep.env_id for ep in stepping], actions)
-                    timer.submitted = time.perf_counter()
-                    inflight = (lane, stepping)
+        inflight = None  # (lane, episodes stepped, future of (results, arrival time))
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="env-wait") as waiter:
+            while any(lane.live for lane in lanes) or inflight is not None:
+                for lane in lanes:
+                    if inflight is not None and inflight[0] is lane:
+                        self._finish(inflight, timer)
+                        inflight = None
+                    stepping = []
+                    if lane.live:
+                        start = time.perf_counter()
+                        stepping = self._act(lane, sampling, key, forced)
+                        timer.model += time.perf_counter() - start
+                    if inflight is not None:
+                        self._finish(inflight, timer)
+                        inflight = None
+                    if stepping:
+                        actions = [ep.record.actions[-1] for ep in stepping]
+                        timer.submitted = time.perf_counter()
+                        self.pool.step_async([ep.env_id for ep in stepping], actions)
+                        inflight = (lane, stepping, waiter.submit(self._wait_pool))
+
+    def _wait_pool(self):
+        """Runs in the waiter thread (the only pool user until its future is read)."""
+        results = self.pool.wait()
+        return results, time.perf_counter()
 
     def _act(self, lane: _Lane, sampling, key, forced: bool) -> list[_Episode]:
         """Feeds every live episode its pending chunk and picks its next action.
@@ -383,13 +398,13 @@ class EpisodeDriver:
             ep.record.add_action(ids, self.renderer.action_text(ids), out.logprobs[row, :n],
                                  out.sampling_logprobs[row, :n])
 
-    def _finish(self, stepped: list[_Episode], timer: _Timer) -> None:
-        """Waits for the pool and applies its results to the episodes just stepped."""
+    def _finish(self, inflight, timer: _Timer) -> None:
+        """Waits for the pool's results and applies them to the episodes just stepped."""
+        _, stepped, future = inflight
         start = time.perf_counter()
-        results = self.pool.wait()
-        end = time.perf_counter()
-        timer.env_wait += end - start
-        timer.env_inflight += end - timer.submitted
+        results, arrived = future.result()
+        timer.env_wait += time.perf_counter() - start
+        timer.env_busy += arrived - timer.submitted
         for ep, result in zip(stepped, results):
             ep.steps += 1
             ep.record.add_reward(result.reward)
@@ -422,7 +437,7 @@ class EpisodeDriver:
             "rollout/wall_s": wall,
             "rollout/model_s": timer.model,
             "rollout/model_wait_frac": timer.env_wait / wall,
-            "rollout/env_wait_frac": max(0.0, 1.0 - timer.env_inflight / wall),
+            "rollout/env_wait_frac": max(0.0, 1.0 - timer.env_busy / wall),
         }
 
 

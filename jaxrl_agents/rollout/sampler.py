@@ -34,8 +34,9 @@ from jaxrl_agents.models.transformer import KVCache, rope_tables
 # One (k, v) pair per layer, each [B, S, K, H].
 LayerCache = tuple[tuple[jax.Array, jax.Array], ...]
 
-PREFILL_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048)
-CACHE_BUCKETS = (128, 256, 512, 1024, 2048, 4096, 8192)
+# Steps of about 1.5x past 128: little padding, a handful of compiled programs per run.
+PREFILL_BUCKETS = (16, 32, 64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
+CACHE_BUCKETS = (128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 _NEG_INF = -jnp.inf
 
