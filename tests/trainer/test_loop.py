@@ -1,0 +1,107 @@
+"""End-to-end runs of the trainer on the toy family, in subprocesses (small enough for CI)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from jaxrl_agents.config import ConfigError, load_config
+from jaxrl_agents.logging import read_metrics
+
+TIMING_KEYS = ("wall_time", "perf/", "rollout/wall_s", "rollout/model_s", "_frac")
+
+
+def _overrides(out, name, **extra):
+    values = {
+        "output_dir": str(out), "name": name, "env.size": 2, "env.num_train_tasks": 4,
+        "env.num_eval_tasks": 4, "rollout.episodes_per_batch": 4, "rl.episodes_per_epoch": 20,
+        "rl.minibatch_size": 4, "rl.ppo_epochs": 1, "sft.num_trajectories": 4,
+        "sft.epochs": 3, "sft.batch_size": 4, "checkpoint.every": 1,
+        "logging.progress_bar": False, "logging.tensorboard": False, "logging.plots": False,
+    }
+    values.update(extra)
+    return [f"--config.{k}={v}" for k, v in values.items()]
+
+
+def _train_cmd(out, name, *extra_args, **extra):
+    return [sys.executable, "-m", "jaxrl_agents.cli", "--config", "configs/toy_tiny.py",
+            *_overrides(out, name, **extra), *extra_args]
+
+
+def _comparable(rows):
+    return [{k: v for k, v in row.items() if not any(t in k for t in TIMING_KEYS)}
+            for row in rows]
+
+
+@pytest.mark.slow
+def test_run_writes_its_outputs_and_sft_loss_falls(tmp_path):
+    cmd = _train_cmd(tmp_path, "full", **{"logging.plots": True, "sft.epochs": 6})
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = tmp_path / "full"
+    assert "held-out success after SFT" in done.stdout
+    assert "held-out success after RL" in done.stdout
+    for name in ("config.json", "metrics.jsonl", "eval.json", "summary.json"):
+        assert (run / name).exists(), name
+    assert list((run / "plots").glob("*.png"))
+    evals = json.loads((run / "eval.json").read_text())
+    assert evals["sft"]["n"] == 4 and evals["rl"]["n"] == 4
+    sft = [r for r in read_metrics(str(run)) if "sft/train_loss" in r]
+    assert len(sft) == 6 and sft[-1]["sft/train_loss"] < sft[0]["sft/train_loss"]
+    rl = [r for r in read_metrics(str(run)) if "charts/success" in r]
+    assert [r["step"] for r in rl] == [1, 2, 3, 4, 5]
+    for key in ("charts/return_mean", "charts/return_var", "kl/ref_kl", "losses/entropy",
+                "charts/action_coverage", "perf/tokens_per_s"):
+        assert key in rl[-1], key
+
+
+@pytest.mark.slow
+def test_sigkill_and_resume_gives_the_same_metrics(tmp_path):
+    straight = subprocess.run(_train_cmd(tmp_path, "straight"), capture_output=True, text=True,
+                              timeout=1800)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+
+    ckpt = tmp_path / "killed" / "checkpoints"
+    proc = subprocess.Popen(_train_cmd(tmp_path, "killed"), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 1800
+        while time.monotonic() < deadline and proc.poll() is None:
+            steps = [int(p) for p in os.listdir(ckpt) if p.isdigit()] if ckpt.exists() else []
+            if steps and max(steps) >= 2:
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, "the run ended before it could be killed"
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait()
+    resumed = subprocess.run(_train_cmd(tmp_path, "killed", "--resume"), capture_output=True,
+                             text=True, timeout=1800)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    want = _comparable(read_metrics(str(tmp_path / "straight")))
+    got = _comparable(read_metrics(str(tmp_path / "killed")))
+    assert got == want
+    a = json.loads((tmp_path / "straight" / "eval.json").read_text())
+    b = json.loads((tmp_path / "killed" / "eval.json").read_text())
+    assert a["rl"]["mean"] == b["rl"]["mean"] and a["sft"]["mean"] == b["sft"]["mean"]
+
+
+def test_bad_configs_are_rejected_with_the_key_named():
+    with pytest.raises(ConfigError, match="algo.estimator"):
+        load_config("configs/toy_tiny.py", ["--config.algo.estimator=ppo"])
+    with pytest.raises(ConfigError, match="rl.minibatch_size"):
+        load_config("configs/toy_tiny.py", ["--config.rl.minibatch_size=0"])
+    done = subprocess.run([sys.executable, "-m", "jaxrl_agents.cli", "--config",
+                           "configs/toy_tiny.py", "--config.rl.learnin_rate=1"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 2 and "rl.learnin_rate" in done.stderr
+
+
+def test_every_experiment_config_loads():
+    for name in sorted(os.listdir("configs")):
+        if name.endswith(".py") and name != "__init__.py":
+            load_config(os.path.join("configs", name))
