@@ -11,8 +11,10 @@ chunk and the decode slots of a row that already stopped stay masked: a row's re
 sit in the cache with holes in between. RoPE positions count real tokens only, so the holes
 change nothing; `_compact` squeezes them out (stable, per row) when the cache would
 overflow, and `_grow` pads the cache to the next size bucket when that is not enough.
-The cache is one (k, v) pair of [B, S, K, H] buffers per layer (`LayerCache`), so the decode
-loop updates each in place; a stacked `KVCache` would be copied whole at every token.
+The cache is one (k, v) pair of [B, K, S, H] buffers per layer (`LayerCache`), so the decode
+loop updates each in place (a stacked `KVCache` would be copied whole at every token) and
+attention reads it without transposing it (`cached_attention`). The layers themselves are
+the model's own `Block` submodules (norms, projections, RoPE, MLP).
 
 Shape letters: B batch, P chunk length, M max new tokens, S cache slots, V vocab.
 """
@@ -29,10 +31,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxrl_agents.models.transformer import KVCache, rope_tables
+from jaxrl_agents.models.transformer import rope_tables
 
-# One (k, v) pair per layer, each [B, S, K, H].
+# One (k, v) pair per layer, each [B, K, S, H].
 LayerCache = tuple[tuple[jax.Array, jax.Array], ...]
+_MASKED = -1e30  # added to masked attention scores, as in the model
 
 # Steps of about 1.5x past 128: little padding, a handful of compiled programs per run.
 PREFILL_BUCKETS = (16, 32, 64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
@@ -122,7 +125,7 @@ def sample_tokens(logits_bv, key, params: SamplingParams):
 class DecodeState(NamedTuple):
     """The cache of B rows between calls.
 
-    cache: LayerCache, per layer (k, v) [B, S, K, H]. cache_mask: [B, S] bool, slots holding real
+    cache: LayerCache, per layer (k, v) [B, K, S, H]. cache_mask: [B, S] bool, slots holding real
     tokens. cache_index: first free slot (host int; all rows share it). lengths: [B] int32
     numpy, real tokens per row (the RoPE position of the next token).
     """
@@ -164,30 +167,63 @@ class GenerationResult:
 # ----------------------------------------------------------------------------- compiled steps
 
 
-def _forward(model, ids_bt, positions_bt, cache: LayerCache, cache_index, cache_mask_bs):
-    """`Transformer.forward_with_cache` on a per-layer cache: (logits [B, T, V], cache).
+def _layers(model) -> list:
+    """The decoder blocks, one `Block` per layer (stacked scan layers are split)."""
+    if not model.config.scan_layers:
+        return list(model.layers)
+    graphdef, state = nnx.split(model.blocks)
+    return [nnx.merge(graphdef, jax.tree.map(lambda x, i=i: x[i], state))
+            for i in range(model.config.num_layers)]
 
-    For layers kept in a list it runs each `Block` on its own (k, v) buffers (updated in
-    place inside loops); a model with stacked (scanned) layers goes through
-    `forward_with_cache` with the cache stacked and split again.
+
+def cached_attention(q_btnh, k_bksh, v_bksh, mask_bts):
+    """Grouped-query attention of T queries over the S cache slots (float32 softmax).
+
+    The cache is [B, K, S, H] (kv heads before slots), so the two matmuls read it as it is
+    stored. mask_bts: True where query t may see slot s. Returns [B, T, N, H].
     """
+    b, t, n, h = q_btnh.shape
+    k, s = k_bksh.shape[1], k_bksh.shape[2]
+    g = n // k
+    q = q_btnh.reshape(b, t, k, g, h).transpose(0, 2, 3, 1, 4).reshape(b, k, g * t, h)
+    scores = jnp.einsum("bkqh,bksh->bkqs", q, k_bksh, preferred_element_type=jnp.float32)
+    scores = scores.reshape(b, k, g, t, s) * (h ** -0.5)
+    scores = jnp.where(mask_bts[:, None, None], scores, _MASKED)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v_bksh.dtype).reshape(b, k, g * t, s)
+    out = jnp.einsum("bkqs,bksh->bkqh", probs, v_bksh)  # (B, K, G*T, H)
+    return out.reshape(b, k, g, t, h).transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
+
+
+def _block_step(block, x_btd, cos, sin, mask_bts, kv, cache_index):
+    """`Block.__call__` with its cache in the [B, K, S, H] layout: writes this call's keys
+    and values at slots [cache_index, cache_index + T) and attends over all slots."""
+    q, k, v = block.attn.qkv(block.input_norm(x_btd), cos, sin)  # k, v (B, T, K, H)
+    k_cache, v_cache = kv
+    start = (0, 0, cache_index, 0)
+    k_cache = jax.lax.dynamic_update_slice(k_cache, k.transpose(0, 2, 1, 3).astype(
+        k_cache.dtype), start)
+    v_cache = jax.lax.dynamic_update_slice(v_cache, v.transpose(0, 2, 1, 3).astype(
+        v_cache.dtype), start)
+    x_btd = x_btd + block.attn.output(cached_attention(q, k_cache, v_cache, mask_bts))
+    x_btd = x_btd + block.mlp(block.post_attn_norm(x_btd))
+    return x_btd, (k_cache, v_cache)
+
+
+def _forward(model, ids_bt, positions_bt, cache: LayerCache, cache_index, cache_mask_bs):
+    """What `Transformer.forward_with_cache` computes, on a per-layer [B, K, S, H] cache:
+    query t sees slot s when cache_mask[b, s] and s <= cache_index + t.
+    Returns (float32 logits [B, T, V], cache)."""
     cfg = model.config
-    if cfg.scan_layers:
-        stacked = KVCache(jnp.stack([k for k, _ in cache]), jnp.stack([v for _, v in cache]))
-        logits, stacked = model.forward_with_cache(ids_bt, positions_bt, stacked, cache_index,
-                                                   cache_mask_bs)
-        return logits, tuple(zip(stacked.k, stacked.v))
     t, s = ids_bt.shape[1], cache_mask_bs.shape[1]
     causal = jnp.arange(s)[None, :] <= (cache_index + jnp.arange(t))[:, None]  # (T, S)
     mask = causal[None] & cache_mask_bs[:, None, :]  # (B, T, S)
     x = model.embed_tokens[...][ids_bt].astype(cfg.jnp_dtype)  # (B, T, D)
     cos, sin = rope_tables(positions_bt, cfg.head_dim, cfg.rope_theta)
     new_cache = []
-    for block, kv in zip(model.layers, cache):
-        x, kv = block(x, cos, sin, mask, kv, cache_index)
+    for block, kv in zip(_layers(model), cache):
+        x, kv = _block_step(block, x, cos, sin, mask, kv, cache_index)
         new_cache.append(kv)
     return model.logits(model.final_norm(x)), tuple(new_cache)
-
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_new", "sampling"),
@@ -247,8 +283,8 @@ def _extend(graphdef, params, cache, cache_mask, cache_index, chunk_ids, chunk_m
 def _compact(cache: LayerCache, cache_mask):
     """Moves each row's real slots to the front, in order; returns (cache, mask, max count)."""
     order = jnp.argsort(~cache_mask, axis=1, stable=True)  # (B, S): real slots first
-    gather = order[:, :, None, None]  # (B, S, 1, 1)
-    cache = jax.tree.map(lambda x: jnp.take_along_axis(x, gather, axis=1), cache)
+    gather = order[:, None, :, None]  # (B, 1, S, 1)
+    cache = jax.tree.map(lambda x: jnp.take_along_axis(x, gather, axis=2), cache)
     mask = jnp.take_along_axis(cache_mask, order, axis=1)
     return cache, mask, jnp.max(jnp.sum(cache_mask, axis=1))
 
@@ -257,7 +293,7 @@ def _compact(cache: LayerCache, cache_mask):
 def _grow(cache: LayerCache, cache_mask, *, slots: int):
     """Pads the cache with empty slots up to `slots`."""
     extra = slots - cache_mask.shape[1]
-    pad = ((0, 0), (0, extra), (0, 0), (0, 0))
+    pad = ((0, 0), (0, 0), (0, extra), (0, 0))
     return (jax.tree.map(lambda x: jnp.pad(x, pad), cache),
             jnp.pad(cache_mask, ((0, 0), (0, extra))))
 
@@ -328,7 +364,7 @@ class Sampler:
             return cache, cache_mask
         from jaxrl_agents import sharding
 
-        axes = ("batch", "length", "kv_heads", "head_dim")
+        axes = ("batch", "kv_heads", "length", "head_dim")
         kv_sharding = sharding.logical_to_sharding(axes, self.mesh, cache[0][0].shape)
         mask_sharding = sharding.logical_to_sharding(("batch", "length"), self.mesh,
                                                      cache_mask.shape)
@@ -345,7 +381,7 @@ class Sampler:
         """An empty cache for `batch` rows (already a batch bucket) and `slots` slots."""
         slots = bucket(max(slots, 1), self.cache_buckets)
         cfg = self.config
-        shape = (batch, slots, cfg.num_kv_heads, cfg.head_dim)
+        shape = (batch, cfg.num_kv_heads, slots, cfg.head_dim)
         cache = tuple((jnp.zeros(shape, cfg.jnp_dtype), jnp.zeros(shape, cfg.jnp_dtype))
                       for _ in range(cfg.num_layers))
         mask = jnp.zeros((batch, slots), bool)
