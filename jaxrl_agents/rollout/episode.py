@@ -215,7 +215,8 @@ class EpisodeDriver:
         if tokenizer.eos_token_id is not None:
             stops.append(int(tokenizer.eos_token_id))
         self.sampler = Sampler(model, stop_token_ids=sorted(set(stops)), mesh=mesh,
-                               pad_id=tokenizer.pad_token_id or 0, cache_buckets=cache_buckets)
+                               pad_id=tokenizer.pad_token_id or 0, cache_buckets=cache_buckets,
+                               sample_vocab=min(len(tokenizer), model.config.vocab_size))
         self.last_stats: dict[str, float] = {}
         self._groups_used = 0
         self._calls = 0

@@ -100,13 +100,17 @@ def filter_logits(logits_bv, params: SamplingParams):
     return x
 
 
-def sample_tokens(logits_bv, key, params: SamplingParams):
-    """Draws one token per row.
+def sample_tokens(logits_bv, key, params: SamplingParams, allowed_v=None):
+    """Draws one token per row, never one with `allowed_v[token]` False ([V] bool, e.g.
+    the padding rows of a vocabulary larger than the tokenizer's).
 
-    Returns (tokens [B] int32, raw log-probs [B] under softmax(logits), sampling log-probs
-    [B] under the distribution actually sampled from; 0 for greedy, which is deterministic).
+    Returns (tokens [B] int32, raw log-probs [B] under softmax(logits) over the whole
+    vocabulary, sampling log-probs [B] under the distribution actually sampled from; 0 for
+    greedy, which is deterministic).
     """
     raw = jax.nn.log_softmax(logits_bv.astype(jnp.float32), axis=-1)
+    if allowed_v is not None:
+        logits_bv = jnp.where(allowed_v[None, :], logits_bv, _NEG_INF)
     if params.greedy:
         tokens = jnp.argmax(logits_bv, axis=-1).astype(jnp.int32)
         sampling = jnp.zeros(tokens.shape, jnp.float32)
@@ -229,12 +233,13 @@ def _forward(model, ids_bt, positions_bt, cache: LayerCache, cache_index, cache_
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_new", "sampling"),
                    donate_argnames=("cache", "cache_mask"))
 def _extend(graphdef, params, cache, cache_mask, cache_index, chunk_ids, chunk_mask, lengths,
-            key, stop_table, *, max_new: int, sampling: SamplingParams):
+            key, stop_table, allowed, *, max_new: int, sampling: SamplingParams):
     """Prefill a left-padded chunk [B, P] at slots [cache_index, cache_index + P), then
     decode up to `max_new` tokens at the slots after it.
 
     Rows whose chunk is all padding do not decode. A row stops after a token with
-    `stop_table[token]` or after `max_new` tokens; every sampled token (the stopping one
+    `stop_table[token]` or after `max_new` tokens; tokens with `allowed[token]` False are
+    never drawn; every sampled token (the stopping one
     too) is written to the cache, so the next chunk starts right after it.
     Returns (tokens, raw logp, sampling logp [B, M], counts [B], cache, cache_mask,
     lengths [B], decode steps taken).
@@ -256,7 +261,7 @@ def _extend(graphdef, params, cache, cache_mask, cache_index, chunk_ids, chunk_m
     def body(carry):
         i, logits, cache, cache_mask, lengths, done, key, toks, lp_raw, lp_samp = carry
         key, sub = jax.random.split(key)
-        tok, raw, samp = sample_tokens(logits, sub, sampling)
+        tok, raw, samp = sample_tokens(logits, sub, sampling, allowed)
         live = ~done
         tok = jnp.where(live, tok, 0)
         toks = toks.at[:, i].set(tok)
@@ -332,13 +337,15 @@ class Sampler:
     generation (EOS, newline tokens, ...). mesh: optional `jax.sharding.Mesh`; the cache
     batch goes over ('data', 'fsdp') and kv heads over 'tensor' (parameters must already be
     placed with `sharding.shard_params`); batch buckets become multiples of data * fsdp.
-    pad_id: id written on padding (never attended to).
+    pad_id: id written on padding (never attended to). sample_vocab: only ids below this
+    are drawn (default: the model's whole vocabulary; pass len(tokenizer) when the model's
+    embedding has padding rows).
     """
 
     def __init__(self, model, *, stop_token_ids: Sequence[int] = (), mesh=None, pad_id: int = 0,
                  prefill_buckets: Sequence[int] = PREFILL_BUCKETS,
                  cache_buckets: Sequence[int] = CACHE_BUCKETS,
-                 batch_buckets: Sequence[int] = BATCH_BUCKETS):
+                 batch_buckets: Sequence[int] = BATCH_BUCKETS, sample_vocab: int | None = None):
         self.model = model
         self.config = model.config
         self.mesh = mesh
@@ -349,6 +356,12 @@ class Sampler:
         self.stop_token_ids = tuple(int(t) for t in stop_token_ids)
         self._stop_table = jnp.asarray(stop_table_for(self.config.vocab_size,
                                                       self.stop_token_ids))
+        vocab = self.config.vocab_size
+        sample_vocab = vocab if sample_vocab is None else int(sample_vocab)
+        if not 0 < sample_vocab <= vocab:
+            raise ValueError(f"sample_vocab={sample_vocab} must be in [1, {vocab}] (the "
+                             "model's vocabulary)")
+        self._allowed = jnp.arange(vocab) < sample_vocab
         self.batch_multiple = 1
         if mesh is not None:
             self.batch_multiple = int(mesh.shape["data"] * mesh.shape["fsdp"])
@@ -430,7 +443,7 @@ class Sampler:
         toks, lp_raw, lp_samp, counts, cache, cache_mask, lengths, steps = _extend(
             graphdef, params, state.cache, state.cache_mask, jnp.int32(state.cache_index),
             self._place_rows(ids), self._place_rows(mask), self._place_rows(state.lengths),
-            key, self._stop_table, max_new=int(max_new), sampling=sampling)
+            key, self._stop_table, self._allowed, max_new=int(max_new), sampling=sampling)
         toks, lp_raw, lp_samp, counts, lengths, steps = jax.device_get(
             (toks, lp_raw, lp_samp, counts, lengths, steps))
         new_state = DecodeState(cache, cache_mask, state.cache_index + p + int(steps),

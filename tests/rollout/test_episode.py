@@ -29,7 +29,8 @@ def tokenizer(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def model(tokenizer):
-    cfg = ModelConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
+    # Four embedding rows past the tokenizer (as the trainer pads the vocabulary).
+    cfg = ModelConfig(vocab_size=len(tokenizer) + 4, hidden_size=32, intermediate_size=64,
                       num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8)
     return Transformer(cfg, rngs=nnx.Rngs(0))
 
@@ -141,6 +142,7 @@ def test_sampled_logprobs_equal_a_fresh_forward_pass(model, tokenizer, pool):
     stops = set(d.sampler.stop_token_ids)
     for i, traj in enumerate(trajs):
         assert len(traj) <= 512 and traj.num_turns >= 1
+        assert traj.tokens.max() < len(tokenizer)
         actions = check_layout(traj, d.renderer, max_action_tokens=6)
         positions = np.flatnonzero(traj.token_type == ACTION)
         expected = logp[i, positions - 1, traj.tokens[positions]]

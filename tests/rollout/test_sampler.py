@@ -131,6 +131,19 @@ def test_top_k_top_p_never_emit_an_excluded_token(checkpoint, top_k, top_p):
             assert _allowed(step, top_k, top_p, params.temperature)[tok]
 
 
+def test_ids_past_sample_vocab_are_never_drawn(checkpoint):
+    model, *_ = checkpoint
+    sampler = Sampler(model, sample_vocab=10)
+    result = sampler.generate(PROMPTS, MAX_NEW, SamplingParams(3.0), jax.random.key(5))
+    assert max(max(t) for t in result.tokens) < 10
+    rows = [p + t for p, t in zip(PROMPTS, result.tokens)]
+    for prompt, toks, lp, logits in zip(PROMPTS, result.tokens, result.logprobs,
+                                        teacher_forced_logits(model, rows)):
+        steps = logits[len(prompt) - 1:-1]  # raw log-probs stay over the whole vocabulary
+        np.testing.assert_allclose(lp, log_softmax(steps)[np.arange(len(toks)), toks],
+                                   atol=1e-5)
+
+
 def test_filter_logits_matches_numpy_reference():
     rng = np.random.default_rng(0)
     logits = rng.normal(size=(6, 50)).astype(np.float32) * 3
