@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax
 import optax
 
 SCHEDULES = ("constant", "linear", "step_decay")
@@ -26,3 +27,29 @@ def adam(schedule, max_grad_norm: float = 0.0) -> optax.GradientTransformation:
     """Adam with optional global-norm gradient clipping."""
     parts = [optax.clip_by_global_norm(max_grad_norm)] if max_grad_norm > 0 else []
     return optax.chain(*parts, optax.adam(schedule))
+
+
+def _top_level_name(path) -> str:
+    key = path[0]
+    return str(getattr(key, "key", getattr(key, "name", key)))
+
+
+def actor_critic_adam(policy_schedule, critic_schedule, max_grad_norm: float = 0.0):
+    """Adam with one learning rate for the policy and another for the critic.
+
+    Labels come from the top-level name of each parameter in an ActorCritic state:
+    "critic" (the value head, and the critic's own trunk when it is separate) or
+    "policy" (everything else, including a trunk shared with the value head). The
+    gradient-norm clip is global, over both.
+    """
+
+    def labels(params):
+        return jax.tree_util.tree_map_with_path(
+            lambda path, _: "critic" if _top_level_name(path) == "critic" else "policy", params
+        )
+
+    parts = [optax.clip_by_global_norm(max_grad_norm)] if max_grad_norm > 0 else []
+    split = optax.multi_transform(
+        {"policy": optax.adam(policy_schedule), "critic": optax.adam(critic_schedule)}, labels
+    )
+    return optax.chain(*parts, split)

@@ -328,13 +328,18 @@ def make_learner(cfg, actor_critic, *, total_updates: int, episodes_per_update: 
     steps_per_update = cfg.rl.ppo_epochs * max(
         episodes_per_update // min(cfg.rl.minibatch_size, episodes_per_update), 1
     )
-    schedule = optim.lr_schedule(
-        cfg.rl.lr_schedule,
-        cfg.rl.learning_rate,
-        total_steps=total_updates * steps_per_update,
-        steps_per_decay=max(200 // max(episodes_per_update, 1), 1) * steps_per_update,
+
+    def schedule(lr):
+        return optim.lr_schedule(
+            cfg.rl.lr_schedule,
+            lr,
+            total_steps=total_updates * steps_per_update,
+            steps_per_decay=max(200 // max(episodes_per_update, 1), 1) * steps_per_update,
+        )
+
+    tx = optim.actor_critic_adam(
+        schedule(cfg.rl.learning_rate), schedule(cfg.rl.critic_learning_rate), cfg.rl.max_grad_norm
     )
-    tx = optim.adam(schedule, cfg.rl.max_grad_norm)
     return RLLearner(
         actor_critic,
         hp,

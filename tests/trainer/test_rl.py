@@ -87,3 +87,28 @@ def test_kl_controllers():
     assert fresh.value == adaptive.value
     with pytest.raises(ValueError, match="kl.controller"):
         KLController("magic", coef=0.1)
+
+
+@pytest.mark.parametrize("critic", ["head", "separate"])
+def test_critic_gets_its_own_learning_rate(critic):
+    from flax import nnx
+
+    from jaxrl_agents.trainer.optim import actor_critic_adam
+
+    ac = tiny_actor_critic(critic=critic)
+    tx = actor_critic_adam(optax.constant_schedule(0.0), optax.constant_schedule(1e-2))
+    learner = RLLearner(ac, RLHyper(estimator="gae"), tx, minibatch_size=8)
+    state = learner.init_state(ac)
+    before = nnx.state(ac)
+    state, _ = learner.update(state, random_batch(5), jax.random.key(0))
+    moved = jax.tree_util.tree_map_with_path(
+        lambda p, a, b: (jax.tree_util.keystr(p), bool(np.any(np.asarray(a) != np.asarray(b)))),
+        state.params,
+        before,
+    )
+    changed = {
+        name
+        for name, diff in jax.tree.leaves(moved, is_leaf=lambda x: isinstance(x, tuple))
+        if diff
+    }
+    assert changed and all(name.startswith("['critic']") for name in changed), changed
