@@ -17,24 +17,41 @@ TIMING_KEYS = ("wall_time", "perf/", "rollout/wall_s", "rollout/model_s", "_frac
 
 def _overrides(out, name, **extra):
     values = {
-        "output_dir": str(out), "name": name, "env.size": 2, "env.num_train_tasks": 4,
-        "env.num_eval_tasks": 4, "rollout.episodes_per_batch": 4, "rl.episodes_per_epoch": 20,
-        "rl.minibatch_size": 4, "rl.ppo_epochs": 1, "sft.num_trajectories": 4,
-        "sft.epochs": 3, "sft.batch_size": 4, "checkpoint.every": 1,
-        "logging.progress_bar": False, "logging.tensorboard": False, "logging.plots": False,
+        "output_dir": str(out),
+        "name": name,
+        "env.size": 2,
+        "env.num_train_tasks": 4,
+        "env.num_eval_tasks": 4,
+        "rollout.episodes_per_batch": 4,
+        "rl.episodes_per_epoch": 20,
+        "rl.minibatch_size": 4,
+        "rl.ppo_epochs": 1,
+        "sft.num_trajectories": 4,
+        "sft.epochs": 3,
+        "sft.batch_size": 4,
+        "checkpoint.every": 1,
+        "logging.progress_bar": False,
+        "logging.tensorboard": False,
+        "logging.plots": False,
     }
     values.update(extra)
     return [f"--config.{k}={v}" for k, v in values.items()]
 
 
 def _train_cmd(out, name, *extra_args, **extra):
-    return [sys.executable, "-m", "jaxrl_agents.cli", "--config", "configs/toy_tiny.py",
-            *_overrides(out, name, **extra), *extra_args]
+    return [
+        sys.executable,
+        "-m",
+        "jaxrl_agents.cli",
+        "--config",
+        "configs/toy_tiny.py",
+        *_overrides(out, name, **extra),
+        *extra_args,
+    ]
 
 
 def _comparable(rows):
-    return [{k: v for k, v in row.items() if not any(t in k for t in TIMING_KEYS)}
-            for row in rows]
+    return [{k: v for k, v in row.items() if not any(t in k for t in TIMING_KEYS)} for row in rows]
 
 
 @pytest.mark.slow
@@ -54,20 +71,28 @@ def test_run_writes_its_outputs_and_sft_loss_falls(tmp_path):
     assert len(sft) == 6 and sft[-1]["sft/train_loss"] < sft[0]["sft/train_loss"]
     rl = [r for r in read_metrics(str(run)) if "charts/success" in r]
     assert [r["step"] for r in rl] == [1, 2, 3, 4, 5]
-    for key in ("charts/return_mean", "charts/return_var", "kl/ref_kl", "losses/entropy",
-                "charts/action_coverage", "perf/tokens_per_s"):
+    for key in (
+        "charts/return_mean",
+        "charts/return_var",
+        "kl/ref_kl",
+        "losses/entropy",
+        "charts/action_coverage",
+        "perf/tokens_per_s",
+    ):
         assert key in rl[-1], key
 
 
 @pytest.mark.slow
 def test_sigkill_and_resume_gives_the_same_metrics(tmp_path):
-    straight = subprocess.run(_train_cmd(tmp_path, "straight"), capture_output=True, text=True,
-                              timeout=1800)
+    straight = subprocess.run(
+        _train_cmd(tmp_path, "straight"), capture_output=True, text=True, timeout=1800
+    )
     assert straight.returncode == 0, straight.stderr[-3000:]
 
     ckpt = tmp_path / "killed" / "checkpoints"
-    proc = subprocess.Popen(_train_cmd(tmp_path, "killed"), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        _train_cmd(tmp_path, "killed"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
         deadline = time.monotonic() + 1800
         while time.monotonic() < deadline and proc.poll() is None:
@@ -79,8 +104,9 @@ def test_sigkill_and_resume_gives_the_same_metrics(tmp_path):
         os.kill(proc.pid, signal.SIGKILL)
     finally:
         proc.wait()
-    resumed = subprocess.run(_train_cmd(tmp_path, "killed", "--resume"), capture_output=True,
-                             text=True, timeout=1800)
+    resumed = subprocess.run(
+        _train_cmd(tmp_path, "killed", "--resume"), capture_output=True, text=True, timeout=1800
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     want = _comparable(read_metrics(str(tmp_path / "straight")))
     got = _comparable(read_metrics(str(tmp_path / "killed")))
@@ -95,9 +121,19 @@ def test_bad_configs_are_rejected_with_the_key_named():
         load_config("configs/toy_tiny.py", ["--config.algo.estimator=ppo"])
     with pytest.raises(ConfigError, match="rl.minibatch_size"):
         load_config("configs/toy_tiny.py", ["--config.rl.minibatch_size=0"])
-    done = subprocess.run([sys.executable, "-m", "jaxrl_agents.cli", "--config",
-                           "configs/toy_tiny.py", "--config.rl.learnin_rate=1"],
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "jaxrl_agents.cli",
+            "--config",
+            "configs/toy_tiny.py",
+            "--config.rl.learnin_rate=1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 2 and "rl.learnin_rate" in done.stderr
 
 
