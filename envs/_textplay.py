@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from envs.base import OBS_FORMATS, SpecError, clean_action
+from envs.base import OBS_FORMATS, SpecError, StepResult, clean_action
 
 SPLITS = ("train", "eval")
 # A game's seed is SPLIT_OFFSET[split] + index, with 0 <= index < SPLIT_STRIDE, so the
@@ -111,3 +111,10 @@ class RewardShaper:
         if invalid:
             reward -= self.invalid_penalty
         return float(reward)
+
+
+def after_episode(last: StepResult) -> StepResult:
+    """The answer to a step taken after the episode ended: the last observation again,
+    no reward, still done."""
+    return StepResult(last.observation, 0.0, True, last.won,
+                      dict(last.info, note="episode is over; call reset()"))

@@ -246,8 +246,7 @@ class TextWorldEnv:
         if self._last is None:
             self.reset()
         if self.done:
-            return StepResult(self._last.observation, 0.0, True, self._last.won,
-                              dict(self._last.info, note="episode is over; call reset()"))
+            return _textplay.after_episode(self._last)
         command = _textplay.to_command(action)
         admissible = {c.lower() for c in self._last.info["admissible_commands"]}
         invalid = command not in admissible
