@@ -9,17 +9,22 @@ from jaxrl_agents.models import ModelConfig, Transformer, build_actor_critic
 VOCAB = 32
 
 
-def tiny_actor_critic(seed=0, critic="head"):
+def tiny_policy(seed=0, vocab_size=VOCAB, num_layers=2):
+    """A decoder of a few thousand parameters."""
     cfg = ModelConfig(
-        vocab_size=VOCAB,
+        vocab_size=vocab_size,
         hidden_size=32,
         intermediate_size=64,
-        num_layers=2,
+        num_layers=num_layers,
         num_heads=2,
         num_kv_heads=1,
         head_dim=16,
     )
-    policy = Transformer(cfg, rngs=nnx.Rngs(seed))
+    return Transformer(cfg, rngs=nnx.Rngs(seed))
+
+
+def tiny_actor_critic(seed=0, critic="head"):
+    policy = tiny_policy(seed)
     return build_actor_critic(policy, critic, rngs=nnx.Rngs(seed + 1))
 
 

@@ -3,8 +3,8 @@ import pytest
 from flax import nnx
 
 from jaxrl_agents.data import ACTION, PROMPT, Trajectory
-from jaxrl_agents.models import ModelConfig, Transformer
 from jaxrl_agents.trainer.sft import SFTTrainer, split_train_val
+from tests.trainer.helpers import tiny_policy
 
 
 def _copy_task(seed, n=12):
@@ -30,16 +30,7 @@ def _copy_task(seed, n=12):
 
 
 def test_sft_loss_falls_and_validation_is_reported():
-    cfg = ModelConfig(
-        vocab_size=16,
-        hidden_size=32,
-        intermediate_size=64,
-        num_layers=2,
-        num_heads=2,
-        num_kv_heads=1,
-        head_dim=16,
-    )
-    policy = Transformer(cfg, rngs=nnx.Rngs(0))
+    policy = tiny_policy(vocab_size=16)
     trainer = SFTTrainer(
         policy, learning_rate=3e-3, batch_size=4, epochs=8, val_fraction=0.25, length_buckets=(16,)
     )
@@ -62,17 +53,8 @@ def test_split_train_val_is_disjoint_and_deterministic():
 
 
 def test_empty_sft_is_an_error():
-    cfg = ModelConfig(
-        vocab_size=16,
-        hidden_size=32,
-        intermediate_size=64,
-        num_layers=1,
-        num_heads=2,
-        num_kv_heads=1,
-        head_dim=16,
-    )
     trainer = SFTTrainer(
-        Transformer(cfg, rngs=nnx.Rngs(0)),
+        tiny_policy(vocab_size=16, num_layers=1),
         learning_rate=1e-3,
         batch_size=2,
         epochs=1,
