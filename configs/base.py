@@ -74,7 +74,7 @@ def get_config() -> ml_collections.ConfigDict:
 
     # --- algo: the RL objective -------------------------------------------------------------
     c.algo = ml_collections.ConfigDict()
-    c.algo.estimator = "gae"  # gae | turn_gae | rloo | grpo | reinforce_pp
+    c.algo.estimator = "gae"  # gae | turn_gae | bilevel_gae | rloo | grpo | reinforce_pp
     c.algo.gamma = 0.99  # discount
     c.algo.lam = 0.95  # GAE lambda
     c.algo.clip_eps = 0.2  # PPO clip range
@@ -86,6 +86,11 @@ def get_config() -> ml_collections.ConfigDict:
     c.algo.entropy_coef = 0.0  # weight of the entropy bonus
     c.algo.grpo_std_normalize = True  # GRPO: divide by the group's std
     c.algo.normalize_advantages = True  # whiten advantages over the batch's action tokens
+    c.algo.token_gamma = 1.0  # bilevel_gae: discount between tokens of one turn
+    c.algo.token_lam = 1.0  # bilevel_gae: GAE lambda between tokens of one turn
+    c.algo.score_gamma = 1.0  # rloo / grpo: per-turn discount of the episode score (1 = sum)
+    c.algo.group_filter_keep = 1.0  # share of task groups kept (highest reward std); 1 = all
+    c.algo.diversity_bonus = 0.0  # reward added to an action not yet taken in its episode
 
     # --- kl: penalty against the frozen reference policy ------------------------------------
     c.kl = ml_collections.ConfigDict()
@@ -132,6 +137,24 @@ def get_config() -> ml_collections.ConfigDict:
     c.curriculum.promote_above = 0.75  # promote when success exceeds this
     c.curriculum.demote_below = 0.40  # demote when success falls under this
     c.curriculum.eval_every_epochs = 5  # epochs between curriculum decisions
+
+    # --- action_space: staged verbs and compound actions (text games) ----------------------
+    c.action_space = ml_collections.ConfigDict()
+    c.action_space.staging = False  # offer only `initial_verbs` first, more at each stage
+    c.action_space.initial_verbs = ("go", "take", "open", "close", "put", "insert",  # stage 0
+                                    "examine", "look", "inventory", "drop")  # fmt: skip
+    c.action_space.growth = 0.2  # a stage adds at most this share of the allowed verbs
+    c.action_space.compound_actions = 0  # "a ; b" runs up to this many commands in a turn; 0 = off
+
+    # --- monitor: warnings when a run degenerates -------------------------------------------
+    c.monitor = ml_collections.ConfigDict()
+    c.monitor.enabled = True  # compute the monitors and print / log their warnings
+    c.monitor.entropy_collapse = 0.1  # warn: action entropy under this share of its first value
+    c.monitor.coverage_min = 0.05  # warn: admissible-command coverage under this
+    c.monitor.repeat_max = 0.5  # warn: share of actions repeating one of their episode over this
+    c.monitor.return_var_min = 1.0  # warn: variance of episode returns under this
+    c.monitor.return_var_max = 10.0  # warn: variance of episode returns over this
+    c.monitor.kl_max = 0.5  # warn: KL to the reference policy (per action token) over this
 
     # --- logging -----------------------------------------------------------------------------
     c.logging = ml_collections.ConfigDict()

@@ -29,7 +29,7 @@ CHOICES: dict[str, tuple] = {
     "env.family": ("textworld", "alfworld", "code", "toy"),
     "env.reward_density": ("sparse", "every_k", "dense"),
     "env.obs_format": ("template", "raw"),
-    "algo.estimator": ("gae", "turn_gae", "rloo", "grpo", "reinforce_pp"),
+    "algo.estimator": ("gae", "turn_gae", "bilevel_gae", "rloo", "grpo", "reinforce_pp"),
     "algo.loss_agg": ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean"),
     "kl.kind": ("k1", "k2", "k3"),
     "kl.where": ("reward", "loss"),
@@ -136,6 +136,40 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
         value = _get(cfg, key)
         if value is not _MISSING and not 0.0 <= value <= 1.0:
             raise ConfigError(f"config key {key!r} must lie in [0, 1], got {value!r}")
+    check_groups(cfg)
+
+
+# Estimators that compare samples of one task instance (kernels.GROUP_ESTIMATORS; not
+# imported here so that loading a config never imports JAX).
+GROUP_ESTIMATORS = ("rloo", "grpo")
+
+
+def check_groups(cfg: ml_collections.ConfigDict) -> None:
+    """Settings that need groups of several samples per task instance.
+
+    RLOO and GRPO with rollout.group_size = 1 give every episode advantage 0 (nothing to
+    compare with), and trajectory-group filtering ranks groups by their reward spread.
+    """
+    group_size = _get(cfg, "rollout.group_size")
+    if group_size is _MISSING:
+        return
+    estimator = _get(cfg, "algo.estimator")
+    if estimator in GROUP_ESTIMATORS and group_size < 2:
+        raise ConfigError(
+            f"algo.estimator={estimator!r} compares the samples of one task instance and needs "
+            f"rollout.group_size >= 2, got rollout.group_size={group_size} (set e.g. "
+            "--config.rollout.group_size=4, or use estimator 'reinforce_pp' or 'gae')"
+        )
+    keep = _get(cfg, "algo.group_filter_keep")
+    if keep is _MISSING:
+        return
+    if not 0.0 < keep <= 1.0:
+        raise ConfigError(f"config key 'algo.group_filter_keep' must lie in (0, 1], got {keep!r}")
+    if keep < 1.0 and group_size < 2:
+        raise ConfigError(
+            f"algo.group_filter_keep={keep} ranks groups by their reward spread and needs "
+            f"rollout.group_size >= 2, got rollout.group_size={group_size}"
+        )
 
 
 _MISSING = object()

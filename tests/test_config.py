@@ -121,3 +121,25 @@ def test_split_config_args():
     assert overrides == ["--config.rl.lr_schedule=linear", "--config.seed=3"]
     assert rest == ["--resume"]
     assert split_config_args(["--config=b.py"])[0] == "b.py"
+
+
+@pytest.mark.parametrize("estimator", ["rloo", "grpo"])
+def test_group_estimators_need_a_group_size_above_one(estimator):
+    with pytest.raises(ConfigError, match=r"rollout\.group_size"):
+        load_config(BASE, [f"algo.estimator={estimator}"])
+    cfg = load_config(BASE, [f"algo.estimator={estimator}", "rollout.group_size=4"])
+    assert cfg.rollout.group_size == 4
+
+
+def test_group_filter_needs_groups_and_a_share():
+    with pytest.raises(ConfigError, match=r"rollout\.group_size"):
+        load_config(BASE, ["algo.group_filter_keep=0.5"])
+    with pytest.raises(ConfigError, match="group_filter_keep"):
+        load_config(BASE, ["algo.group_filter_keep=0.0", "rollout.group_size=2"])
+    load_config(BASE, ["algo.group_filter_keep=0.5", "rollout.group_size=2"])
+
+
+def test_group_estimators_listed_once():
+    from jaxrl_agents import config, kernels
+
+    assert config.GROUP_ESTIMATORS == kernels.GROUP_ESTIMATORS

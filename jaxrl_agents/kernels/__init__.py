@@ -2,6 +2,7 @@
 
 from jaxrl_agents.kernels.advantages import (
     ESTIMATORS,
+    GROUP_ESTIMATORS,
     NEEDS_CRITIC,
     broadcast_to_tokens,
     episode_scores,
@@ -9,7 +10,7 @@ from jaxrl_agents.kernels.advantages import (
     reinforce_pp,
     rloo,
 )
-from jaxrl_agents.kernels.gae import gae, turn_boundaries, turn_gae
+from jaxrl_agents.kernels.gae import bilevel_gae, gae, turn_boundaries, turn_gae
 from jaxrl_agents.kernels.kl import kl, kl_per_token
 from jaxrl_agents.kernels.losses import (
     aggregate,
@@ -25,8 +26,10 @@ from jaxrl_agents.kernels.stats import masked_mean, masked_sum, masked_var, mask
 
 __all__ = [
     "ESTIMATORS",
+    "GROUP_ESTIMATORS",
     "NEEDS_CRITIC",
     "aggregate",
+    "bilevel_gae",
     "broadcast_to_tokens",
     "entropy",
     "episode_scores",

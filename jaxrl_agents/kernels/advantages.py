@@ -9,7 +9,7 @@ other. Their advantages are spread over the episode's action tokens with
 import jax
 import jax.numpy as jnp
 
-from jaxrl_agents.kernels.gae import gae, turn_gae
+from jaxrl_agents.kernels.gae import bilevel_gae, gae, turn_boundaries, turn_gae
 from jaxrl_agents.kernels.scan import reverse_linear_recurrence
 from jaxrl_agents.kernels.stats import masked_whiten
 
@@ -79,19 +79,40 @@ def broadcast_to_tokens(episode_values, mask):
     return episode_values[:, None] * mask.astype(episode_values.dtype)
 
 
-def episode_scores(rewards, mask=None):
-    """Total reward of each episode: [B, T] -> [B] (rewards sit on action tokens)."""
-    if mask is not None:
-        rewards = rewards * mask
-    return rewards.sum(axis=1)
+def episode_scores(rewards, mask=None, gamma=1.0):
+    """Return of each episode from its first turn: [B, T] -> [B].
+
+        score = sum_k gamma^(k-1) * (sum of the rewards on turn k's tokens)
+
+    The discount is per turn, not per token (a turn's reward sits on its last action token;
+    per-token penalties such as the KL share their turn's discount). gamma = 1 is the plain
+    sum. A gamma other than 1 needs the action `mask` (it defines the turns).
+    """
+    if mask is None:
+        return rewards.sum(axis=1)
+    mask = mask.astype(rewards.dtype)
+    _, end = turn_boundaries(mask)
+    # x[t] = r[t] + c[t] * x[t+1], c = gamma where the next token starts a later turn.
+    carry = 1.0 + (gamma - 1.0) * end.astype(rewards.dtype)
+    return reverse_linear_recurrence(carry, rewards * mask)[:, 0]
 
 
 # Name -> needs a critic. The trainer picks the function by name.
 ESTIMATORS = {
     "gae": gae,
     "turn_gae": turn_gae,
+    "bilevel_gae": bilevel_gae,
     "rloo": rloo,
     "grpo": grpo,
     "reinforce_pp": reinforce_pp,
 }
-NEEDS_CRITIC = {"gae": True, "turn_gae": True, "rloo": False, "grpo": False, "reinforce_pp": False}
+NEEDS_CRITIC = {
+    "gae": True,
+    "turn_gae": True,
+    "bilevel_gae": True,
+    "rloo": False,
+    "grpo": False,
+    "reinforce_pp": False,
+}
+# Estimators that compare the samples of one task instance: they need rollout.group_size > 1.
+GROUP_ESTIMATORS = ("rloo", "grpo")

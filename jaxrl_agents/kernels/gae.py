@@ -14,7 +14,7 @@ so for a terminal episode the last action token gets A = r - V.
 import jax
 import jax.numpy as jnp
 
-from jaxrl_agents.kernels.scan import fill_backward, fill_forward
+from jaxrl_agents.kernels.scan import fill_backward, fill_forward, reverse_linear_recurrence
 
 
 @jax.jit
@@ -90,3 +90,41 @@ def _turn_sums(x, start):
     cumsum = jnp.cumsum(x, axis=1)
     before_start = fill_forward(cumsum - x, start)  # cumsum just before the turn began
     return cumsum - before_start
+
+
+@jax.jit
+def bilevel_gae(
+    rewards, values, mask, gamma, lam, *, last_value=None, token_gamma=1.0, token_lam=1.0
+):
+    """Bi-level GAE (ArCHer / RAGEN style): GAE over turns, then GAE over tokens inside a turn.
+
+    Turn k is a maximal run of action tokens s_k..e_k; its value is U_k = V[e_k] (the
+    critic at the turn boundary), its reward R_k the sum of rewards over its tokens.
+
+    Turn level (k = K..1, U_{K+1} = last_value, Ahat_{K+1} = 0):
+        delta_k = R_k + gamma * U_{k+1} - U_k
+        Ahat_k  = delta_k + gamma * lam * Ahat_{k+1}
+    Token level inside turn k (no reward inside a turn; the last token's target is the
+    turn's):
+        A[e_k] = Ahat_k
+        A[t]   = token_gamma * V[t+1] - V[t] + token_gamma * token_lam * A[t+1],  s_k <= t < e_k
+        R[t]   = A[t] + V[t]      (so R[e_k] = Ahat_k + U_k, the turn-level return)
+
+    With token_gamma = token_lam = 1, A[t] = Ahat_k + V[e_k] - V[t]: each token is credited
+    with the turn's advantage plus how much the critic's estimate rose after it.
+
+    Args / returns as in `gae`; gamma and lam are the turn-level discount and lambda,
+    token_gamma and token_lam the ones inside a turn.
+    """
+    mask = mask.astype(values.dtype)
+    start, end = turn_boundaries(mask)
+    turn_reward = _turn_sums(rewards * mask, start)
+    turn_adv, _ = gae(turn_reward * end, values * end, end, gamma, lam, last_value=last_value)
+    inner = mask - end  # action tokens that are not the last of their turn
+    next_value = jnp.pad(values[:, 1:], ((0, 0), (0, 1)))  # V[t+1]: same turn when inner
+    delta = token_gamma * next_value - values
+    advantages = reverse_linear_recurrence(
+        token_gamma * token_lam * inner, delta * inner + turn_adv * end
+    )
+    advantages = advantages * mask
+    return advantages, (advantages + values) * mask

@@ -25,6 +25,7 @@ import optax
 from flax import nnx
 
 from jaxrl_agents import kernels
+from jaxrl_agents.config import check_groups
 from jaxrl_agents.data import Batch
 from jaxrl_agents.trainer import optim
 from jaxrl_agents.trainer.kl_control import KLController
@@ -37,6 +38,9 @@ class RLHyper:
     estimator: str = "gae"
     gamma: float = 0.99
     lam: float = 0.95
+    token_gamma: float = 1.0  # bilevel_gae: discount inside a turn
+    token_lam: float = 1.0  # bilevel_gae: lambda inside a turn
+    score_gamma: float = 1.0  # rloo / grpo: per-turn discount of the episode score
     clip_eps: float = 0.2
     clip_eps_high: float | None = None
     dual_clip: float | None = None
@@ -60,6 +64,9 @@ class RLHyper:
             estimator=a.estimator,
             gamma=a.gamma,
             lam=a.lam,
+            token_gamma=a.token_gamma,
+            token_lam=a.token_lam,
+            score_gamma=a.score_gamma,
             clip_eps=a.clip_eps,
             clip_eps_high=a.clip_eps_high or None,
             dual_clip=a.dual_clip or None,
@@ -114,17 +121,28 @@ def _advantages(hp: RLHyper, rewards, values, mask, last_value, group_ids):
         adv, ret = kernels.ESTIMATORS[hp.estimator](
             rewards, values, mask, hp.gamma, hp.lam, last_value=last_value
         )
+    elif hp.estimator == "bilevel_gae":
+        adv, ret = kernels.bilevel_gae(
+            rewards,
+            values,
+            mask,
+            hp.gamma,
+            hp.lam,
+            last_value=last_value,
+            token_gamma=hp.token_gamma,
+            token_lam=hp.token_lam,
+        )
     elif hp.estimator == "reinforce_pp":
         adv, ret = kernels.reinforce_pp(rewards, mask, hp.gamma)
     else:
-        scores = kernels.episode_scores(rewards, mask)
+        scores = kernels.episode_scores(rewards, mask, hp.score_gamma)
         if hp.estimator == "rloo":
             episode_adv = kernels.rloo(scores, group_ids)
         else:
             episode_adv = kernels.grpo(scores, group_ids, std_normalize=hp.grpo_std_normalize)
         adv = kernels.broadcast_to_tokens(episode_adv, mask)
         ret = kernels.broadcast_to_tokens(scores, mask)
-    if hp.normalize_advantages and hp.estimator in ("gae", "turn_gae"):
+    if hp.normalize_advantages and hp.uses_critic:
         adv = kernels.masked_whiten(adv, mask)
     return adv, ret
 
@@ -324,6 +342,7 @@ def _mean_metrics(metrics: list[dict]) -> dict:
 
 def make_learner(cfg, actor_critic, *, total_updates: int, episodes_per_update: int):
     """Builds the RLLearner and optimizer the config asks for."""
+    check_groups(cfg)  # RLOO / GRPO need rollout.group_size >= 2
     hp = RLHyper.from_config(cfg)
     steps_per_update = cfg.rl.ppo_epochs * max(
         episodes_per_update // min(cfg.rl.minibatch_size, episodes_per_update), 1

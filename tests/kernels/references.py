@@ -72,6 +72,32 @@ def turn_gae(rewards, values, mask, gamma, lam, last_value=None):
     return adv, ret
 
 
+def bilevel_gae(rewards, values, mask, gamma, lam, last_value=None, token_gamma=1.0,
+                token_lam=1.0):
+    adv = np.zeros_like(values)
+    for b in range(values.shape[0]):
+        next_u = 0.0 if last_value is None else last_value[b]
+        next_adv = 0.0
+        for start, end in reversed(turns(mask[b])):
+            u = values[b, end]
+            r = rewards[b, start : end + 1].sum()
+            next_adv = r + gamma * next_u - u + gamma * lam * next_adv
+            next_u = u
+            a = adv[b, end] = next_adv
+            for t in range(end - 1, start - 1, -1):
+                a = token_gamma * values[b, t + 1] - values[b, t] + token_gamma * token_lam * a
+                adv[b, t] = a
+    return adv, (adv + values) * mask
+
+
+def episode_scores(rewards, mask, gamma=1.0):
+    out = np.zeros(rewards.shape[0], np.float64)
+    for b in range(rewards.shape[0]):
+        for k, (start, end) in enumerate(turns(mask[b])):
+            out[b] += gamma**k * rewards[b, start : end + 1].sum()
+    return out
+
+
 def rloo(scores, group_ids):
     out = np.zeros_like(scores)
     for i in range(len(scores)):

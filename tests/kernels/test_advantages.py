@@ -56,3 +56,13 @@ def test_registry_names_match_config_choices():
     from jaxrl_agents.config import CHOICES
 
     assert set(kernels.ESTIMATORS) == set(CHOICES["algo.estimator"]) == set(kernels.NEEDS_CRITIC)
+
+
+@pytest.mark.parametrize("gamma", [1.0, 0.9, 0.0])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_episode_scores_discount_per_turn(gamma, seed):
+    rewards, _, mask, _ = ref.random_batch(seed)
+    got = kernels.episode_scores(rewards, mask, gamma)
+    np.testing.assert_allclose(got, ref.episode_scores(rewards, mask, gamma), rtol=1e-5, atol=1e-5)
+    if gamma == 1.0:  # the plain sum over action tokens
+        np.testing.assert_allclose(got, (rewards * mask).sum(axis=1), rtol=1e-5, atol=1e-5)

@@ -75,3 +75,70 @@ def test_gae_program_does_not_grow_with_length():
         return len(str(jaxpr).splitlines())
 
     assert size(16) == size(256)
+
+
+@pytest.mark.parametrize("gamma, lam", CASES)
+@pytest.mark.parametrize("token_gamma, token_lam", [(1.0, 1.0), (0.9, 0.8)])
+@pytest.mark.parametrize("seed", [5, 6])
+@pytest.mark.parametrize("truncated", [False, True])
+def test_bilevel_gae_matches_loop(gamma, lam, token_gamma, token_lam, seed, truncated):
+    rewards, values, mask, last_value = ref.random_batch(seed)
+    lv = last_value if truncated else None
+    adv, ret = kernels.bilevel_gae(
+        rewards, values, mask, gamma, lam, last_value=lv, token_gamma=token_gamma,
+        token_lam=token_lam,
+    )
+    want_adv, want_ret = ref.bilevel_gae(
+        rewards, values, mask, gamma, lam, lv, token_gamma, token_lam
+    )
+    np.testing.assert_allclose(adv, want_adv, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(ret, want_ret, rtol=1e-5, atol=1e-5)
+    assert np.all(np.asarray(adv)[mask == 0] == 0)
+    assert np.all(np.asarray(adv)[0] == 0)  # the all-padding row
+
+
+def test_bilevel_gae_by_hand():
+    # Two turns: tokens 1-2 (values 0.2, 0.5) and 4 (value 0.25); reward 1 at the end.
+    rewards = np.array([[0.0, 0.0, 0.3, 0.0, 1.0]], np.float32)
+    values = np.array([[9.0, 0.2, 0.5, 9.0, 0.25]], np.float32)
+    mask = np.array([[0, 1, 1, 0, 1]], np.float32)
+    g, lam = 0.9, 0.5
+    adv, ret = kernels.bilevel_gae(rewards, values, mask, g, lam)
+    a2 = 1.0 - 0.25  # last turn: terminal
+    a1 = 0.3 + g * 0.25 - 0.5 + g * lam * a2  # first turn, at its last token
+    np.testing.assert_allclose(adv[0], [0, 0.5 - 0.2 + a1, a1, 0, a2], rtol=1e-6)
+    np.testing.assert_allclose(ret[0, [2, 4]], [a1 + 0.5, 1.0], rtol=1e-6)
+    assert ret[0, 1] == pytest.approx(a1 + 0.5)  # gamma = lam = 1 inside: the turn's return
+
+
+def test_bilevel_gae_one_token_episode_equals_gae():
+    rewards = np.array([[0.0, 2.0, 0.0]], np.float32)
+    values = np.array([[5.0, 0.5, 5.0]], np.float32)
+    mask = np.array([[0, 1, 0]], np.float32)
+    lv = np.array([1.0], np.float32)
+    got = kernels.bilevel_gae(rewards, values, mask, 0.99, 0.95, last_value=lv)
+    want = kernels.gae(rewards, values, mask, 0.99, 0.95, last_value=lv)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_bilevel_gae_gamma_lam_one_is_turn_return_minus_value():
+    # gamma = lam = 1 at both levels: A[t] = (sum of rewards from t's turn on) - V[t].
+    rewards, values, mask, _ = ref.random_batch(8)
+    adv, _ = kernels.bilevel_gae(rewards, values, mask, 1.0, 1.0)
+    for b in range(mask.shape[0]):
+        rows = ref.turns(mask[b])
+        for k, (start, end) in enumerate(rows):
+            to_go = sum(rewards[b, s : e + 1].sum() for s, e in rows[k:])
+            np.testing.assert_allclose(
+                adv[b, start : end + 1], to_go - values[b, start : end + 1], rtol=1e-4, atol=1e-4
+            )
+
+
+def test_bilevel_gae_program_does_not_grow_with_length():
+    def size(length):
+        r, v, m, _ = ref.random_batch(0, length=length)
+        fn = lambda r, v, m: kernels.bilevel_gae(r, v, m, 0.99, 0.95)  # noqa: E731
+        (outer,) = jax.make_jaxpr(fn)(r, v, m).eqns  # the jitted kernel
+        return len(outer.params["jaxpr"].eqns)  # (printed lines vary with name reuse)
+
+    assert size(16) == size(256)

@@ -16,7 +16,9 @@ def _learner(estimator, critic="head", **kw):
     return learner, learner.init_state(ac)
 
 
-@pytest.mark.parametrize("estimator", ["gae", "turn_gae", "rloo", "grpo", "reinforce_pp"])
+@pytest.mark.parametrize(
+    "estimator", ["gae", "turn_gae", "bilevel_gae", "rloo", "grpo", "reinforce_pp"]
+)
 def test_each_estimator_lowers_its_loss_on_a_fixed_batch(estimator):
     learner, state = _learner(estimator)
     batch = random_batch(0)
@@ -112,3 +114,15 @@ def test_critic_gets_its_own_learning_rate(critic):
         if diff
     }
     assert changed and all(name.startswith("['critic']") for name in changed), changed
+
+
+@pytest.mark.parametrize("estimator", ["rloo", "grpo"])
+def test_group_estimators_refuse_groups_of_one_at_construction(estimator):
+    from jaxrl_agents.config import ConfigError, load_config
+    from jaxrl_agents.trainer.rl import make_learner
+
+    cfg = load_config("configs/base.py")
+    with cfg.unlocked():  # as an experiment file could set it, bypassing the loader
+        cfg.algo.estimator = estimator
+    with pytest.raises(ConfigError, match="rollout.group_size"):
+        make_learner(cfg, tiny_actor_critic(), total_updates=1, episodes_per_update=8)
