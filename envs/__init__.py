@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 
+from envs import action_space
 from envs.base import (
     Env,
     SpecError,
@@ -33,7 +34,10 @@ def register(family: str, target: str) -> None:
 
 
 def make(spec: dict) -> Env:
-    """Builds the environment a spec dict describes; unknown families are a SpecError."""
+    """Builds the environment a spec dict describes; unknown families are a SpecError.
+
+    The keys `allowed_verbs` and `compound_actions` work for every family: they wrap the
+    env in `envs.action_space.ActionSpaceEnv`."""
     if not isinstance(spec, dict) or "family" not in spec:
         raise SpecError(f"an env spec is a dict with a 'family' key, got {spec!r}")
     family = spec["family"]
@@ -41,7 +45,9 @@ def make(spec: dict) -> Env:
         raise SpecError(f"unknown env family {family!r}; known families: {sorted(FAMILIES)}")
     module_name, attr = FAMILIES[family].split(":")
     factory = getattr(importlib.import_module(module_name), attr)
-    return factory({k: v for k, v in spec.items() if k != "family"})
+    skip = ("family", *action_space.WRAPPER_KEYS)
+    env = factory({k: v for k, v in spec.items() if k not in skip})
+    return action_space.wrap(env, spec)
 
 
 def __getattr__(name):

@@ -54,6 +54,7 @@ class EpisodeRecord:
     rewards: list = dataclasses.field(default_factory=list)
     turn_ends: list = dataclasses.field(default_factory=list)
     actions: list = dataclasses.field(default_factory=list)
+    admissible: list = dataclasses.field(default_factory=list)  # commands offered per state
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -86,7 +87,8 @@ class EpisodeRecord:
     def to_trajectory(self, **fields) -> Trajectory:
         info = fields.pop("info", {})
         info = {"actions": list(self.actions),
-                "sampling_logprobs": np.asarray(self.sampling_logprobs, np.float32), **info}
+                "sampling_logprobs": np.asarray(self.sampling_logprobs, np.float32),
+                "admissible": [list(c) for c in self.admissible[:len(self.actions)]], **info}
         return Trajectory(tokens=self.tokens, token_type=self.token_type,
                           logprobs=self.logprobs, rewards=self.rewards,
                           turn_ends=list(self.turn_ends), info=info, **fields)
@@ -287,6 +289,7 @@ class EpisodeDriver:
                 ep.end("failed", failed=True)
             else:
                 ep.pending = self.renderer.first_chunk(result.observation)
+                ep.record.admissible.append(result.info.get("admissible_commands") or [])
             episodes.append(ep)
         return episodes
 
@@ -418,6 +421,7 @@ class EpisodeDriver:
             else:
                 ep.pending = self.renderer.next_chunk(result.observation,
                                                       ep.record.tokens[-1:])
+                ep.record.admissible.append(result.info.get("admissible_commands") or [])
 
     # -- metrics
 
