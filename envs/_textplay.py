@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from envs.base import OBS_FORMATS, SpecError, StepResult, clean_action
+from envs.base import TEXT_OBS_FORMATS, SpecError, StepResult, clean_action, render_state
 
 SPLITS = ("train", "eval")
 # A game's seed is SPLIT_OFFSET[split] + index, with 0 <= index < SPLIT_STRIDE, so the
@@ -54,7 +54,19 @@ def get_choice(spec: Mapping, key: str, default: str, choices) -> str:
 
 
 def get_obs_format(spec: Mapping) -> str:
-    return get_choice(spec, "obs_format", "template", OBS_FORMATS)
+    return get_choice(spec, "obs_format", "template", TEXT_OBS_FORMATS)
+
+
+def render_text_state(obs_format: str, *, first: bool, room: str, items, goal: str,
+                      feedback: str, actions: list[str]) -> str:
+    """A text game's observation in the "template" or "compact" format (see envs.base).
+
+    compact: `room` should be the room's name only; the goal is shown when `first` only.
+    """
+    if obs_format != "compact":
+        return render_state(room=room, items=items, goal=goal, feedback=feedback)
+    return render_state(room=room, items=items, goal=goal if first else "",
+                        feedback=feedback, actions=sorted(actions))
 
 
 def to_command(action) -> str:

@@ -38,7 +38,7 @@ from collections.abc import Sequence
 
 from envs import _gamecache, _pddl_memo, _textplay
 from envs import alfworld_gen as gen
-from envs.base import SpecError, StepResult, TaskSpec, check_spec_keys, render_state
+from envs.base import SpecError, StepResult, TaskSpec, check_spec_keys
 
 FAMILY = "alfworld"
 GEN_KEYS = frozenset({"task_type", "objects", "receptacles", "seed", "split", "expert"})
@@ -371,8 +371,10 @@ class AlfWorldEnv:
             obs = raw
         else:
             room, items = _describe(gs["facts"], self._names_at)
-            obs = render_state(room=room, items=items, goal=self.goal,
-                               feedback=_textplay.one_line(feedback))
+            obs = _textplay.render_text_state(
+                self.obs_format, first=self.steps == 0, room=room, items=items,
+                goal=self.goal, feedback=_textplay.one_line(feedback),
+                actions=list(gs["admissible_commands"] or []))
         info = {"admissible_commands": list(gs["admissible_commands"] or []),
                 "score": 1 if gs["won"] else 0, "max_score": 1, "won": bool(gs["won"]),
                 "lost": False, "raw": raw, "invalid": invalid, "truncated": truncated,

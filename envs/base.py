@@ -17,6 +17,10 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 OBS_FORMATS = ("template", "raw")
+# Text games also offer "compact": the template plus an [Actions] line listing the admissible
+# commands, the goal shown on the first turn only and the room by name (its description
+# arrives as feedback), so an episode costs a fraction of the tokens.
+TEXT_OBS_FORMATS = OBS_FORMATS + ("compact",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,8 +78,10 @@ def render_state(
     items: str | list[str] = "",
     goal: str = "",
     feedback: str = "",
+    actions: list[str] | None = None,
 ) -> str:
-    """The shared state template. Empty fields are kept so the layout never changes."""
+    """The shared state template. Empty fields are kept so the layout never changes;
+    `actions` (admissible commands), when given, adds an `[Actions] a | b | c` line."""
     if isinstance(items, list | tuple):
         items = ", ".join(items)
     lines = [
@@ -84,6 +90,8 @@ def render_state(
         f"[Goal] {goal.strip()}",
         f"[Feedback] {feedback.strip()}",
     ]
+    if actions is not None:
+        lines.append(f"[Actions] {' | '.join(a.strip() for a in actions)}")
     return "\n".join(lines)
 
 

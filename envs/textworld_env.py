@@ -167,12 +167,18 @@ def _clean_feedback(text: str) -> str:
     return "\n".join(lines).strip()
 
 
-def _room(description: str) -> str:
-    """'-= Studio =-\\nYou're now in the studio. ...' -> 'Studio: You're now in ...'."""
+def _room_parts(description: str) -> tuple[str, str]:
+    """'-= Studio =-\nYou're now in the studio. ...' -> ('Studio', "You're now in ...")."""
     m = re.match(r"\s*-=\s*(.*?)\s*=-\s*(.*)", description or "", re.S)
     if not m:
-        return _textplay.one_line(description)
-    return f"{m.group(1)}: {_textplay.one_line(m.group(2))}"
+        return "", _textplay.one_line(description)
+    return m.group(1), _textplay.one_line(m.group(2))
+
+
+def _room(description: str) -> str:
+    """'-= Studio =-\nYou're now in the studio. ...' -> 'Studio: You're now in ...'."""
+    name, text = _room_parts(description)
+    return f"{name}: {text}" if name else text
 
 
 class TextWorldEnv:
@@ -281,8 +287,17 @@ class TextWorldEnv:
 
     def _result(self, gs, feedback, raw, reward, invalid, truncated=False) -> StepResult:
         self._gs = gs
+        first = self.steps == 0
         if self.obs_format == "raw":
             obs = raw
+        elif self.obs_format == "compact":
+            name, text = _room_parts(gs["description"])
+            obs = _textplay.render_text_state(
+                "compact", first=first, room=name or text,
+                items=_textplay.one_line(gs["inventory"]),
+                goal=_textplay.one_line(gs["objective"]),
+                feedback=text if first else _room(feedback),
+                actions=list(gs["admissible_commands"] or []))
         else:
             obs = render_state(room=_room(gs["description"]),
                                items=_textplay.one_line(gs["inventory"]),

@@ -55,7 +55,9 @@ class SFTTrainer:
     """Fits a policy Transformer to golden trajectories; validation loss every epoch.
 
     `fit(trajectories, on_epoch=None)` trains in place (the policy module is updated) and
-    returns the per-epoch history [{"epoch", "train_loss", "val_loss", ...}].
+    returns the per-epoch history [{"epoch", "train_loss", "val_loss", ...}]. With
+    `keep_best` the policy ends with the parameters of the epoch of lowest validation loss
+    (early stopping without cutting the history short).
     """
 
     def __init__(
@@ -67,6 +69,7 @@ class SFTTrainer:
         epochs: int,
         val_fraction: float,
         seed: int = 0,
+        keep_best: bool = True,
         max_grad_norm: float = 1.0,
         pad_id: int = 0,
         length_buckets: Sequence[int] = (128, 256, 512, 1024),
@@ -74,6 +77,7 @@ class SFTTrainer:
         self.policy = policy
         self.batch_size, self.epochs = batch_size, epochs
         self.val_fraction, self.seed = val_fraction, seed
+        self.keep_best = keep_best
         self.pad_id, self.length_buckets = pad_id, tuple(length_buckets)
         self.tx = optim.adam(optax.constant_schedule(learning_rate), max_grad_norm)
         self.graphdef, _ = nnx.split(policy)
@@ -89,6 +93,7 @@ class SFTTrainer:
             epochs=cfg.sft.epochs,
             val_fraction=cfg.sft.val_fraction,
             seed=cfg.seed,
+            keep_best=cfg.sft.keep_best,
             max_grad_norm=cfg.rl.max_grad_norm,
             pad_id=pad_id,
             length_buckets=cfg.rollout.length_buckets,
@@ -120,6 +125,7 @@ class SFTTrainer:
         opt_state = self.tx.init(params)
         rng = np.random.default_rng(self.seed)
         history = []
+        best_loss, best_params = float("inf"), params
         for epoch in range(self.epochs):
             order = rng.permutation(len(train))
             losses = []
@@ -137,8 +143,14 @@ class SFTTrainer:
                 val_metrics = self.evaluate(params, val)
                 row["val_loss"] = val_metrics["sft/loss"]
                 row["val_token_accuracy"] = val_metrics["sft/token_accuracy"]
+                if row["val_loss"] < best_loss:
+                    best_loss, best_params = row["val_loss"], params
             history.append(row)
+            # The policy module holds this epoch's parameters while `on_epoch` runs (it may
+            # play games with them).
+            nnx.update(self.policy, params)
             if on_epoch is not None:
                 on_epoch(row)
-        nnx.update(self.policy, params)
+        if self.keep_best and val:
+            nnx.update(self.policy, best_params)
         return history

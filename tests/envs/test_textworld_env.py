@@ -173,3 +173,21 @@ def test_to_command_is_one_bounded_ascii_line():
     assert _textplay.to_command("  Take  the\nAPPLE.\x00 ") == "take the apple"
     assert len(_textplay.to_command("go " * 10_000)) <= _textplay.MAX_COMMAND_CHARS
     assert _textplay.to_command("日本語") == ""
+
+
+def test_compact_format_lists_actions_and_shows_the_goal_once(tw_cache):
+    env = make(tw_cache, obs_format="compact", **TRAIN[-1])
+    first = env.reset()
+    lines = first.observation.split("\n")
+    assert [line.split(" ")[0] for line in lines] == [
+        "[Room]", "[Items]", "[Goal]", "[Feedback]", "[Actions]"]
+    assert ":" not in lines[0] and len(lines[2]) > len("[Goal] ")  # room name; the goal
+    assert lines[3] != "[Feedback] "  # the room's description arrives as feedback
+    for action in env.task.gold_actions:
+        offered = first.observation.split("\n")[4][len("[Actions] "):].split(" | ")
+        assert action.lower() in [a.lower() for a in offered]
+        assert offered == sorted(offered)
+        first = env.step(action)
+        assert first.observation.split("\n")[2] == "[Goal] "  # shown on the first turn only
+    assert first.won
+    env.close()

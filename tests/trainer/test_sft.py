@@ -62,3 +62,31 @@ def test_empty_sft_is_an_error():
     )
     with pytest.raises(ValueError, match="golden"):
         trainer.fit([])
+
+
+def _flip(traj: Trajectory) -> Trajectory:
+    """The same episode with every action token x replaced by 18 - x."""
+    tokens = np.where(traj.token_type == ACTION, 18 - traj.tokens, traj.tokens)
+    return Trajectory(tokens, traj.token_type, traj.logprobs, traj.rewards, traj.turn_ends)
+
+
+def test_keep_best_ends_on_the_epoch_of_lowest_validation_loss():
+    """Validation episodes follow another rule (action = 18 - observation) than training
+    (action = observation): fitting the training rule soon makes validation loss rise, so
+    the last epoch is not the best one, and keep_best must return the best epoch's params."""
+    n = 16
+    _, val_idx = split_train_val(list(range(n)), 0.25, 0)
+    data = [_flip(t) if i in val_idx else t for i, t in enumerate(_copy_task(0, n=n))]
+    results = {}
+    for keep_best in (False, True):
+        policy = tiny_policy(vocab_size=20)
+        trainer = SFTTrainer(policy, learning_rate=3e-3, batch_size=4, epochs=8,
+                             val_fraction=0.25, keep_best=keep_best, length_buckets=(16,))
+        history = trainer.fit(data, on_epoch=None)
+        val = [data[i] for i in val_idx]
+        results[keep_best] = (history, trainer.evaluate(nnx.state(policy), val)["sft/loss"])
+    history, final_loss = results[True]
+    best = min(row["val_loss"] for row in history)
+    assert best < history[-1]["val_loss"]  # the case under test: the last epoch is worse
+    assert final_loss == pytest.approx(best, rel=1e-5)
+    assert results[False][1] == pytest.approx(history[-1]["val_loss"], rel=1e-5)
