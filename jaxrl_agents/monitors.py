@@ -48,6 +48,14 @@ def novelty_bonus(actions: Sequence[str], bonus: float) -> np.ndarray:
     return (first_occurrences(actions) * float(bonus)).astype(np.float32)
 
 
+def add_novelty_bonus(trajectories: Sequence[Trajectory], bonus: float) -> None:
+    """Adds `novelty_bonus` to every trajectory's per-turn rewards, in place (0 = off)."""
+    if not bonus:
+        return
+    for t in trajectories:
+        t.rewards[t.turn_ends] += novelty_bonus(t.info.get("actions", []), bonus)
+
+
 def repeated_action_rate(trajectories: Sequence[Trajectory]) -> float:
     """Share of all actions that repeat an earlier action of their own episode (0..1)."""
     firsts = [first_occurrences(t.info.get("actions", [])) for t in trajectories]
@@ -88,6 +96,7 @@ class Monitor:
     coverage_min / repeat_max: warn under / over these.
     return_var_min / return_var_max: warn when the return variance leaves this range.
     kl_max: warn when the KL to the reference policy passes this.
+    enabled: False makes `report` a no-op.
     """
 
     entropy_collapse: float = 0.1
@@ -96,12 +105,15 @@ class Monitor:
     return_var_min: float = 1.0
     return_var_max: float = 10.0
     kl_max: float = 0.5
+    enabled: bool = True
     first_entropy: float | None = None
 
     @classmethod
     def from_config(cls, monitor_cfg) -> Monitor:
-        fields = [f.name for f in dataclasses.fields(cls) if f.name != "first_entropy"]
-        return cls(**{name: float(monitor_cfg[name]) for name in fields})
+        skip = ("enabled", "first_entropy")
+        fields = [f.name for f in dataclasses.fields(cls) if f.name not in skip]
+        values = {name: float(monitor_cfg[name]) for name in fields}
+        return cls(**values, enabled=bool(monitor_cfg.enabled))
 
     def measure(self, trajectories: Sequence[Trajectory], metrics: Mapping) -> dict:
         """The monitored values ("monitor/<name>"; NaN where the input lacks one)."""
@@ -157,6 +169,17 @@ class Monitor:
         if lines:
             values["monitor/warning_text"] = "; ".join(lines)
         return values, lines
+
+    def report(self, trajectories, metrics: Mapping, write=print, step=None) -> dict:
+        """`check`, with every warning line passed to `write` (e.g. RunLogger.write); {} when
+        the monitor is disabled."""
+        if not self.enabled:
+            return {}
+        values, lines = self.check(trajectories, metrics)
+        where = "" if step is None else f" (update {step})"
+        for line in lines:
+            write(f"monitor warning{where}: {line}")
+        return values
 
     def state_dict(self) -> dict:
         return {"first_entropy": self.first_entropy}

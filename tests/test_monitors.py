@@ -99,3 +99,20 @@ def test_from_config_and_state():
     again = monitors.Monitor.from_config(get_config().monitor)
     again.load_state_dict(mon.state_dict())
     assert again.first_entropy == 1.5
+
+
+def test_add_novelty_bonus_puts_it_on_turn_ends():
+    trajs = [episode(["a", "b", "a"], returns=1.0)]
+    monitors.add_novelty_bonus(trajs, 0.1)
+    np.testing.assert_allclose(trajs[0].rewards, [0, 0.1, 0, 0.1, 0, 1.0])
+    monitors.add_novelty_bonus(trajs, 0.0)  # off
+    assert trajs[0].episode_return == pytest.approx(1.2)
+
+
+def test_report_writes_lines_and_can_be_off():
+    lines = []
+    mon = monitors.Monitor(kl_max=0.1)
+    values = mon.report([episode(["a"])], {"kl/ref_kl": 0.3}, write=lines.append, step=7)
+    assert values["monitor/warnings"] == len(lines) == 2  # KL, return variance 0
+    assert all(line.startswith("monitor warning (update 7): ") for line in lines)
+    assert monitors.Monitor(enabled=False).report([], {"kl/ref_kl": 9.0}, lines.append) == {}

@@ -19,9 +19,12 @@ import jax
 import numpy as np
 from flax import nnx
 
+from envs.action_space import ActionStaging
+from jaxrl_agents import monitors
 from jaxrl_agents import rewards as reward_lib
 from jaxrl_agents.checkpoint import Checkpointer
 from jaxrl_agents.data import pack
+from jaxrl_agents.data.selection import filter_groups
 from jaxrl_agents.logging import RunLogger, success_ci
 from jaxrl_agents.trainer import setup
 from jaxrl_agents.trainer.rl import make_learner
@@ -56,7 +59,10 @@ class Trainer:
         os.makedirs(self.run_dir, exist_ok=True)
         self.layout = setup.EnvLayout(cfg)
         setup.pregenerate(self.layout, cfg.rollout.num_env_workers)
-        self.pool = setup.make_pool(cfg, self.layout)
+        self.staging = (
+            ActionStaging.from_config(cfg.action_space) if cfg.action_space.staging else None
+        )
+        self.pool = setup.make_pool(cfg, self.layout, self.staging)
         heads = self.layout.train_task_heads()
         self.tokenizer = setup.build_tokenizer(
             cfg, self.run_dir, lambda: setup.collect_env_text(self.pool, heads)
@@ -81,6 +87,7 @@ class Trainer:
         self.state = None
         self.progress = Progress()
         self.reward_stats = reward_lib.RunningMeanStd()
+        self.monitor = monitors.Monitor.from_config(cfg.monitor)
         self.checkpointer = Checkpointer(
             os.path.join(self.run_dir, "checkpoints"), keep=cfg.checkpoint.keep
         )
@@ -95,6 +102,8 @@ class Trainer:
             "kl": self.learner.kl.state_dict(),
             "reward_stats": self.reward_stats.to_dict(),
             "learner_updates": self.learner.updates,
+            "monitor": self.monitor.state_dict(),
+            "action_stage": self.staging.state_dict() if self.staging else None,
         }
         self.checkpointer.save(self.progress.update, {"learner": self.state}, meta)
 
@@ -108,9 +117,26 @@ class Trainer:
         self.learner.kl.load_state_dict(meta["kl"])
         self.learner.updates = int(meta["learner_updates"])
         self.reward_stats = reward_lib.RunningMeanStd.from_dict(meta["reward_stats"])
+        self.monitor.load_state_dict(meta.get("monitor", {}))
+        if self.staging and meta.get("action_stage") and meta["action_stage"]["stage"]:
+            self.staging.load_state_dict(meta["action_stage"])
+            self._rebuild_pool()
         self.driver._groups_used = self.progress.groups_used
         self._sync_policy()
         return True
+
+    def advance_action_stage(self) -> bool:
+        """Hook for the curriculum, after an evaluation: allows the next stage's verbs
+        (action_space.staging) and rebuilds the env pool. False when nothing changed."""
+        if self.staging is None or not self.staging.advance():
+            return False
+        self._rebuild_pool()
+        return True
+
+    def _rebuild_pool(self) -> None:
+        self.pool.close()
+        self.pool = setup.make_pool(self.cfg, self.layout, self.staging)
+        self.driver.pool = self.eval_driver.pool = self.pool
 
     def _sync_policy(self) -> None:
         """Makes the modules the driver samples from hold the learner's parameters."""
@@ -160,6 +186,7 @@ class Trainer:
         )
         key = jax.random.fold_in(jax.random.fold_in(self.key, update), 0)
         trajs = self.driver.run(self.layout.train_ids(tasks), key)
+        monitors.add_novelty_bonus(trajs, cfg.algo.diversity_bonus)
         returns = np.array([t.episode_return for t in trajs], np.float64)
         for t in trajs:
             t.rewards = reward_lib.scale_rewards(
@@ -170,7 +197,8 @@ class Trainer:
             )
         if cfg.rl.reward_norm:
             self.reward_stats.update(returns)
-        batch = pack(trajs, pad_id=self.pad_id, length_buckets=cfg.rollout.length_buckets)
+        kept = filter_groups(trajs, cfg.algo.group_filter_keep)  # all: 1.0 (StarPO-S)
+        batch = pack(kept, pad_id=self.pad_id, length_buckets=cfg.rollout.length_buckets)
         return trajs, batch
 
     def rl_update(self, update: int) -> dict:
@@ -192,6 +220,7 @@ class Trainer:
                 "perf/update_s": update_s,
             }
         )
+        metrics.update(self.monitor.report(trajs, metrics, self.logger.write, update + 1))
         return metrics
 
     def run(self) -> dict:

@@ -58,10 +58,25 @@ def pregenerate(layout: EnvLayout, num_workers: int) -> None:
         module.generate_games(layout.train_specs + layout.eval_specs, num_workers=num_workers)
 
 
-def make_pool(cfg, layout: EnvLayout) -> envs.EnvPool:
-    return envs.EnvPool(
-        layout.specs, cfg.rollout.num_env_workers, timeout_s=cfg.rollout.env_timeout_s
-    )
+def make_pool(cfg, layout: EnvLayout, staging=None) -> envs.EnvPool:
+    """The pool of `layout.specs`; text games get the `action_space` keys (the verbs of
+    `staging`, an `envs.action_space.ActionStaging`, and compound actions)."""
+    specs = [action_space_spec(cfg, spec, staging) for spec in layout.specs]
+    return envs.EnvPool(specs, cfg.rollout.num_env_workers, timeout_s=cfg.rollout.env_timeout_s)
+
+
+# Families whose commands start with a verb (staging and compound actions apply).
+_VERB_FAMILIES = ("textworld", "alfworld")
+
+
+def action_space_spec(cfg, spec: dict, staging=None) -> dict:
+    """`spec` with `allowed_verbs` (from `staging`) and `compound_actions` when they apply."""
+    if spec["family"] not in _VERB_FAMILIES:
+        return spec
+    spec = staging.apply(spec) if staging is not None else dict(spec)
+    if cfg.action_space.compound_actions >= 2:
+        spec["compound_actions"] = cfg.action_space.compound_actions
+    return spec
 
 
 def collect_env_text(pool, env_ids, max_steps: int = 50) -> list[str]:
@@ -115,7 +130,10 @@ def make_driver(cfg, policy, tokenizer, pool, *, group_size: int | None = None):
 
 
 def action_coverage(trajectories) -> float:
-    """Distinct action strings over actions taken (0..1): a collapse monitor."""
+    """Distinct action strings over actions taken in the batch (0..1): a collapse monitor.
+
+    See `jaxrl_agents.monitors` for coverage of the admissible commands and repetition
+    within an episode."""
     actions = [a.strip().lower() for t in trajectories for a in t.info.get("actions", [])]
     return len(set(actions)) / max(len(actions), 1)
 
