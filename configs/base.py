@@ -130,6 +130,19 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.value_warmup_updates = 0  # updates that train only the critic
     c.rl.eval_every = 10  # evaluate on held-out tasks every k updates
 
+    # --- reward: where the per-turn reward comes from (jaxrl_agents/rewards.py) ---------------
+    # The result is then scaled, normalised and clipped by rl.reward_scale / reward_norm /
+    # reward_clip (reward_clip = 1.0 clips to [-1, 1]).
+    c.reward = ml_collections.ConfigDict()
+    c.reward.source = "verified"  # verified (env's own) | binary (1 if won) | learned | weighted
+    c.reward.source_weights = ml_collections.ConfigDict()  # used by source = weighted
+    c.reward.source_weights.verified = 0.5  # weight of the environment's own reward
+    c.reward.source_weights.binary = 0.0  # weight of 1-if-won on the last turn
+    c.reward.source_weights.learned = 0.5  # weight of the reward model's reward
+    c.reward.mix = "none"  # none | code (CODE_MIX: +tests, style) | text (TEXT_MIX: +progress)
+    c.reward.model_path = ""  # reward model directory (jaxrl_agents/reward_model.py) if learned
+    c.reward.dump_trajectories = False  # append episodes + labels to <run>/trajectories.jsonl
+
     # --- curriculum over environment complexity --------------------------------------------
     c.curriculum = ml_collections.ConfigDict()
     c.curriculum.enabled = False  # move through `stages` by success rate

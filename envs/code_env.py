@@ -11,16 +11,18 @@ The agent sees the repository's file list and the issue text, and acts with
 
 On `submit` (or when `max_steps` run out) the reward is the share of the task's
 FAIL_TO_PASS + PASS_TO_PASS tests that pass, computed by running pytest on the edited
-copy inside `envs.sandbox` ("binary": 1 only if all pass); `won` when all pass. The
-working copy is kept in memory: every test run materialises it in a fresh directory of
-the episode's sandbox, with the pristine test files (and conftest/pytest.ini) laid over
-it, so nothing the model's code writes or deletes survives into the grading run, and a
-test that is missing or broken counts as failing.
+copy inside `envs.sandbox` ("binary": 1 only if all pass); `won` when all pass. That
+last step's info also holds the reward components `pass_share` and `style_score` (ruff
+on the files the agent changed, see envs.code_lint). The working copy is kept in
+memory: every test run materialises it in a fresh directory of the episode's sandbox,
+with the pristine test files (and conftest/pytest.ini) laid over it, so nothing the
+model's code writes or deletes survives into the grading run, and a test that is missing
+or broken counts as failing.
 
 Spec keys: task_family, seed, split ("train"|"eval"), or instance (dict, JSON file or
 directory, see envs.code_tasks); max_steps, reward ("share"|"binary"), invalid_penalty
 (subtracted from the reward of an invalid command), obs_format ("template"|"raw"),
-timeout_s (wall-clock seconds per test run).
+timeout_s (wall-clock seconds per test run), lint (score the patch's style, default true).
 """
 
 from __future__ import annotations
@@ -39,11 +41,12 @@ from envs.base import (
     clean_action,
     render_state,
 )
+from envs.code_lint import lint_patch
 from envs.code_tasks import TASK_FAMILIES, generate_task, load_instance
 from envs.sandbox import Limits, Sandbox
 
 SPEC_KEYS = frozenset({"task_family", "seed", "split", "instance", "max_steps", "reward",
-                       "invalid_penalty", "obs_format", "timeout_s"})
+                       "invalid_penalty", "obs_format", "timeout_s", "lint"})
 REWARD_KINDS = ("share", "binary")
 MAX_ACTION_CHARS = 16_000
 MAX_FEEDBACK_CHARS = 4_000
@@ -118,6 +121,9 @@ class CodeEnv:
         gold = list(self.instance.get("gold_actions", []))
         self.max_steps = _number(spec, "max_steps", max(30, 3 * len(gold)), int)
         self.limits = Limits(wall_seconds=_number(spec, "timeout_s", 60.0, float))
+        self.lint = spec.get("lint", True)
+        if not isinstance(self.lint, bool):
+            raise SpecError(f"code env: lint={self.lint!r} must be true or false")
         self.argv = pytest_argv(self.instance["test_cmd"])
         self.tests = self.instance["FAIL_TO_PASS"] + self.instance["PASS_TO_PASS"]
         self.protected = set(self.instance.get("test_files", []))
@@ -185,6 +191,8 @@ class CodeEnv:
             reward += float(won) if self.reward_kind == "binary" else share
             info.update(tests=grade["tests"], passed=grade["passed"], total=grade["total"],
                         pass_share=share)
+            if self.lint:
+                info.update(lint_patch(self.instance["files"], self.files, self.sandbox))
         return StepResult(self._observe(feedback), reward=reward, done=self.done, won=won,
                           info=info)
 

@@ -35,6 +35,8 @@ CHOICES: dict[str, tuple] = {
     "kl.where": ("reward", "loss"),
     "kl.controller": ("fixed", "adaptive", "warmup"),
     "rl.lr_schedule": ("constant", "linear", "step_decay"),
+    "reward.source": ("verified", "binary", "learned", "weighted"),
+    "reward.mix": ("none", "code", "text"),
 }
 
 _PREFIX = "--config."

@@ -29,6 +29,7 @@ import jax
 import numpy as np
 
 from jaxrl_agents.data.trajectory import ACTION, PROMPT, Trajectory
+from jaxrl_agents.rewards import TURN_INFO_KEYS
 from jaxrl_agents.rollout.render import DEFAULT_SYSTEM_PROMPT, Renderer
 from jaxrl_agents.rollout.sampler import (
     CACHE_BUCKETS,
@@ -54,6 +55,7 @@ class EpisodeRecord:
     rewards: list = dataclasses.field(default_factory=list)
     turn_ends: list = dataclasses.field(default_factory=list)
     actions: list = dataclasses.field(default_factory=list)
+    turn_info: list = dataclasses.field(default_factory=list)  # reward components per turn
     admissible: list = dataclasses.field(default_factory=list)  # commands offered per state
 
     def __len__(self) -> int:
@@ -80,14 +82,18 @@ class EpisodeRecord:
         self.turn_ends.append(len(self.tokens) - 1)
         self.actions.append(text)
 
-    def add_reward(self, reward: float) -> None:
-        """The reward of the last action, on its last token."""
+    def add_reward(self, reward: float, info: dict | None = None) -> None:
+        """The reward of the last action, on its last token; the env's reward-component
+        info keys (rewards.TURN_INFO_KEYS) are kept for that turn."""
         self.rewards[self.turn_ends[-1]] += float(reward)
+        self.turn_info += [{}] * (len(self.turn_ends) - len(self.turn_info))
+        self.turn_info[-1].update({k: info[k] for k in TURN_INFO_KEYS if k in (info or {})})
 
     def to_trajectory(self, **fields) -> Trajectory:
         info = fields.pop("info", {})
         info = {"actions": list(self.actions),
                 "sampling_logprobs": np.asarray(self.sampling_logprobs, np.float32),
+                "turn_info": [dict(d) for d in self.turn_info],
                 "admissible": [list(c) for c in self.admissible[:len(self.actions)]], **info}
         return Trajectory(tokens=self.tokens, token_type=self.token_type,
                           logprobs=self.logprobs, rewards=self.rewards,
@@ -411,7 +417,7 @@ class EpisodeDriver:
         timer.env_busy += arrived - timer.submitted
         for ep, result in zip(stepped, results):
             ep.steps += 1
-            ep.record.add_reward(result.reward)
+            ep.record.add_reward(result.reward, result.info)
             if result.info.get("failed"):
                 ep.error = str(result.info.get("error", ""))
                 ep.end("failed", failed=True)

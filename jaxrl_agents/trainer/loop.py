@@ -20,7 +20,7 @@ import numpy as np
 from flax import nnx
 
 from envs.action_space import ActionStaging
-from jaxrl_agents import monitors
+from jaxrl_agents import monitors, reward_model
 from jaxrl_agents import rewards as reward_lib
 from jaxrl_agents.checkpoint import Checkpointer
 from jaxrl_agents.data import pack
@@ -88,6 +88,9 @@ class Trainer:
         self.progress = Progress()
         self.reward_stats = reward_lib.RunningMeanStd()
         self.monitor = monitors.Monitor.from_config(cfg.monitor)
+        self.reward_recipe = reward_lib.RewardRecipe.from_config(cfg.reward)
+        self.reward_model = reward_model.from_config(cfg.reward, self.reward_recipe)
+        self.reward_metrics = {}
         self.checkpointer = Checkpointer(
             os.path.join(self.run_dir, "checkpoints"), keep=cfg.checkpoint.keep
         )
@@ -186,6 +189,10 @@ class Trainer:
         )
         key = jax.random.fold_in(jax.random.fold_in(self.key, update), 0)
         trajs = self.driver.run(self.layout.train_ids(tasks), key)
+        dump = cfg.reward.dump_trajectories and os.path.join(self.run_dir, "trajectories.jsonl")
+        self.reward_metrics = reward_lib.shape_collected(
+            trajs, self.reward_recipe, reward_model=self.reward_model, dump_path=dump, update=update
+        )
         monitors.add_novelty_bonus(trajs, cfg.algo.diversity_bonus)
         returns = np.array([t.episode_return for t in trajs], np.float64)
         for t in trajs:
@@ -211,6 +218,7 @@ class Trainer:
         self._sync_policy()
         update_s = time.perf_counter() - start - rollout_s
         metrics.update(stats)
+        metrics.update(self.reward_metrics)
         metrics.update(
             {
                 "charts/success": setup.success_rate(trajs),
