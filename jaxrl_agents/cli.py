@@ -1,7 +1,8 @@
-"""Command-line entry points: jaxrl-train and jaxrl-eval.
+"""Command-line entry points: jaxrl-train, jaxrl-eval and jaxrl-sweep.
 
-Both take `--config path.py` and any number of `--config.a.b=value` overrides (see
-jaxrl_agents.config); an unknown key or a bad value stops with a message naming it.
+jaxrl-train and jaxrl-eval take `--config path.py` and any number of `--config.a.b=value`
+overrides (see jaxrl_agents.config); an unknown key or a bad value stops with a message
+naming it. jaxrl-sweep takes a sweep file (see jaxrl_agents.sweep).
 """
 
 from __future__ import annotations
@@ -111,6 +112,66 @@ def eval_main(argv=None) -> int:
         f"{result['ci_high']:.3f}, {result['n']} games)"
     )
     return 0
+
+
+SWEEP_HELP = """Run a sweep: one base config, many runs (see jaxrl_agents/sweep.py).
+
+  jaxrl-sweep --sweep configs/sweeps/toy_lr.py [--parallel N] [--print-commands] [--dry-run]
+
+Every run's config is checked before anything starts. Runs go to
+<output_dir>/<sweep>/<run>/ (their output in train.log there); finished runs are skipped
+and unfinished runs with checkpoints resumed. Ends with a table of held-out success per
+run, also written to <output_dir>/<sweep>/summary.json; exits 1 if any run failed.
+"""
+
+
+def sweep_main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="jaxrl-sweep",
+        description=SWEEP_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--sweep", required=True, metavar="PATH", help="sweep file (Python)")
+    parser.add_argument("--parallel", type=int, default=1, metavar="N", help="runs at a time")
+    parser.add_argument(
+        "--output-dir", metavar="DIR", help="parent of the sweep folder (default: config's)"
+    )
+    parser.add_argument(
+        "--print-commands", action="store_true", help="print one jaxrl-train line per run, run none"
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="check the sweep, show what each run would do"
+    )
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.parallel < 1:
+        parser.error("--parallel must be at least 1")
+    from jaxrl_agents import sweep as sweep_lib
+
+    try:
+        sweep = sweep_lib.load_sweep(args.sweep)
+        root = args.output_dir or sweep_lib.default_root(sweep)
+        sweep_lib.validate(sweep, root)
+    except ConfigError as err:
+        print(f"jaxrl-sweep: {err}", file=sys.stderr)
+        return 2
+    if args.print_commands or args.dry_run:
+        lines = (sweep_lib.command_lines if args.print_commands else sweep_lib.plan_lines)(
+            sweep, root
+        )
+        print("\n".join(lines))
+        return 0
+    results = sweep_lib.run_sweep(sweep, root, parallel=args.parallel)
+    summary = sweep_lib.summarize(sweep, results)
+    path = sweep_lib.write_summary(summary, root)
+    print(sweep_lib.format_table(summary))
+    print(f"sweep summary: {path}")
+    failed = [r for r in results if r["status"] == "failed"]
+    for r in failed:
+        print(
+            f"jaxrl-sweep: run {r['name']} failed (exit code {r['exit_code']}); log: {r['log']}",
+            file=sys.stderr,
+        )
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

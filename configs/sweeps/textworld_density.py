@@ -1,0 +1,12 @@
+"""Sparse vs dense rewards on the TextWorld demo, two seeds each (four runs).
+
+jaxrl-sweep --sweep configs/sweeps/textworld_density.py --parallel 2
+"""
+
+
+def get_sweep():
+    return {
+        "name": "textworld_density",
+        "config": "configs/textworld_tiny.py",
+        "grid": {"env.reward_density": ["sparse", "dense"], "seed": [0, 1]},
+    }
