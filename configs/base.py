@@ -38,6 +38,13 @@ def get_config() -> ml_collections.ConfigDict:
     c.mesh.fsdp = 1  # parameters and optimizer state sharded, batch split too
     c.mesh.tensor = 1  # attention heads and MLP width sharded
 
+    # --- distributed: multi-host runs, one JAX process per host (jax.distributed) ----------
+    c.distributed = ml_collections.ConfigDict()
+    c.distributed.enabled = "auto"  # auto (an address below / JAX_* env / TPU pod) | true | false
+    c.distributed.coordinator_address = ""  # host:port of process 0; "" = $JAX_COORDINATOR_ADDRESS
+    c.distributed.num_processes = 0  # processes in the run; 0 = $JAX_NUM_PROCESSES or auto-detect
+    c.distributed.process_id = -1  # this process's index; -1 = $JAX_PROCESS_ID or auto-detect
+
     # --- tokenizer ---------------------------------------------------------------------
     c.tokenizer = ml_collections.ConfigDict()
     c.tokenizer.path = ""  # HF tokenizer dir; "" trains a byte-level BPE on env text

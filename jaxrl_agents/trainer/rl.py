@@ -24,7 +24,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from jaxrl_agents import kernels
+from jaxrl_agents import distributed, kernels, sharding
 from jaxrl_agents.config import check_groups
 from jaxrl_agents.data import Batch
 from jaxrl_agents.trainer import optim
@@ -255,6 +255,10 @@ class RLLearner:
 
     `learner.update(state, batch, key) -> (state, metrics)` runs every PPO epoch and
     minibatch of one collected batch; metrics are fetched to the host once per update.
+
+    With a `mesh`, the state lives on it (by the logical-axis rules) and each minibatch is
+    split over its ('data', 'fsdp') axes. Multi-host: every process calls `update` with
+    its own rows (same shapes on every process); they form one global batch.
     """
 
     def __init__(
@@ -268,6 +272,7 @@ class RLLearner:
         grad_accum: int = 1,
         kl: KLController | None = None,
         value_warmup_updates: int = 0,
+        mesh: jax.sharding.Mesh | None = None,
     ):
         if minibatch_size % grad_accum:
             raise ValueError(
@@ -281,6 +286,7 @@ class RLLearner:
         )
         self.kl = kl or KLController("fixed", 0.0)
         self.value_warmup_updates = value_warmup_updates
+        self.mesh = mesh
         self.graphdef, _ = nnx.split(actor_critic)
         self.ref_graphdef, _ = nnx.split(actor_critic.policy)
         self._prepare = jax.jit(functools.partial(prepare, hp, self.graphdef, self.ref_graphdef))
@@ -295,21 +301,37 @@ class RLLearner:
         # and donated buffers must be distinct.
         params = jax.tree.map(jnp.copy, nnx.state(actor_critic))
         ref_params = jax.tree.map(jnp.copy, nnx.state(actor_critic.policy))
-        return LearnerState(
+        state = LearnerState(
             params=params,
             opt_state=self.tx.init(params),
             ref_params=ref_params,
             step=jnp.zeros((), jnp.int32),
             skipped=jnp.zeros((), jnp.int32),
         )
+        # On a mesh: every leaf placed as the update leaves it (one compilation per shape).
+        return state if self.mesh is None else sharding.shard_params(state, self.mesh)
+
+    def _device_arrays(self, batch: Batch) -> dict:
+        if self.mesh is None:
+            return {k: jnp.asarray(v) for k, v in batch.as_dict().items()}
+        return distributed.global_batch(batch.as_dict(), self.mesh)
+
+    def _micro_batches(self, arrays: dict, idx: np.ndarray, accum: int) -> dict:
+        """Rows `idx` as [accum, len(idx) // accum, ...], split over the mesh's batch axes."""
+        b = len(idx) // accum
+        micro = {k: v[idx].reshape((accum, b) + v.shape[1:]) for k, v in arrays.items()}
+        if self.mesh is None or b % (self.mesh.shape["data"] * self.mesh.shape["fsdp"]):
+            return micro
+        spec = jax.sharding.PartitionSpec(None, sharding.BATCH_AXES)
+        return jax.device_put(micro, jax.sharding.NamedSharding(self.mesh, spec))
 
     def update(self, state: LearnerState, batch: Batch, key) -> tuple[LearnerState, dict]:
-        arrays = {k: jnp.asarray(v) for k, v in batch.as_dict().items()}
+        arrays = self._device_arrays(batch)
         kl_coef = jnp.float32(self.kl.value)
         extras, prep_metrics = self._prepare(state, arrays, kl_coef)
         arrays.update(extras)
         policy_coef = jnp.float32(0.0 if self.updates < self.value_warmup_updates else 1.0)
-        rows = batch.shape[0]
+        rows = arrays["input_ids"].shape[0]  # global: every process's rows
         mb_size = min(self.minibatch_size, rows)
         num_mb = max(rows // mb_size, 1)
         step_metrics = []
@@ -318,16 +340,13 @@ class RLLearner:
             for i in range(num_mb):
                 idx = order[i * mb_size : (i + 1) * mb_size]
                 accum = self.grad_accum if mb_size % self.grad_accum == 0 else 1
-                micro = {
-                    k: v[idx].reshape((accum, mb_size // accum) + v.shape[1:])
-                    for k, v in arrays.items()
-                }
+                micro = self._micro_batches(arrays, idx, accum)
                 state, m = self._train_step(state, micro, kl_coef, policy_coef)
                 step_metrics.append(m)
         metrics = jax.device_get({**prep_metrics, **_mean_metrics(step_metrics)})
         metrics = {k: float(v) for k, v in metrics.items()}
         metrics["losses/skipped_total"] = float(state.skipped)
-        num_tokens = int(batch.action_mask.sum())
+        num_tokens = int(jnp.sum(arrays["action_mask"]))
         metrics["kl/coef"] = self.kl.value
         self.kl.update(metrics["kl/ref_kl"], num_tokens)
         self.updates += 1
