@@ -56,6 +56,9 @@ def train_main(argv=None) -> int:
     except ConfigError as err:
         print(f"jaxrl-train: {err}", file=sys.stderr)
         return 2
+    from jaxrl_agents import distributed
+
+    distributed.maybe_initialize(cfg)  # multi-host: before any other JAX call
     from jaxrl_agents.trainer.loop import format_summary, train, write_summary
 
     summary = train(cfg, resume=args.resume)

@@ -53,6 +53,10 @@ class Trainer:
     """Owns a run: its envs, models, driver, learner, logger and checkpoints."""
 
     def __init__(self, cfg, *, resume: bool = False):
+        if jax.process_count() > 1:
+            # The learner runs multi-host (RLLearner(mesh=...), jaxrl_agents/distributed.py);
+            # the loop does not yet split episodes, eval and logging across processes.
+            raise NotImplementedError("multi-host runs: the outer loop is not wired up yet")
         self.cfg = cfg
         self.run_dir = run_dir_of(cfg)
         self.resume = resume

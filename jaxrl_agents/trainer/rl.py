@@ -359,8 +359,10 @@ def _mean_metrics(metrics: list[dict]) -> dict:
     return out
 
 
-def make_learner(cfg, actor_critic, *, total_updates: int, episodes_per_update: int):
-    """Builds the RLLearner and optimizer the config asks for."""
+def make_learner(
+    cfg, actor_critic, *, total_updates: int, episodes_per_update: int, mesh=None
+):
+    """Builds the RLLearner and optimizer the config asks for (state on `mesh` if given)."""
     check_groups(cfg)  # RLOO / GRPO need rollout.group_size >= 2
     hp = RLHyper.from_config(cfg)
     steps_per_update = cfg.rl.ppo_epochs * max(
@@ -387,4 +389,5 @@ def make_learner(cfg, actor_critic, *, total_updates: int, episodes_per_update: 
         grad_accum=cfg.rl.grad_accum,
         kl=KLController.from_config(cfg.kl),
         value_warmup_updates=cfg.rl.value_warmup_updates,
+        mesh=mesh,
     )
