@@ -157,6 +157,30 @@ def get_config() -> ml_collections.ConfigDict:
     c.curriculum.promote_above = 0.75  # promote when success exceeds this
     c.curriculum.demote_below = 0.40  # demote when success falls under this
     c.curriculum.eval_every_epochs = 5  # epochs between curriculum decisions
+    c.curriculum.replay_share = 0.10  # share of every batch drawn from earlier stages
+    c.curriculum.eval_past_every_epochs = 10  # held-out eval of all stages reached; 0 = off
+
+    # --- budget: per-task step budgets adapted to success (see trainer/budget.py) -----------
+    c.budget = ml_collections.ConfigDict()
+    c.budget.enabled = False  # the driver ends each episode at its task's budget
+    c.budget.start_factor = 2.0  # first budget: this x the instance's optimal steps
+    c.budget.adjust = 0.25  # relative budget change at each adjustment (+25% / -25%)
+    c.budget.adjust_every_epochs = 10  # epochs between adjustments
+    c.budget.grow_below = 0.3  # a task whose success is under this gets more steps
+    c.budget.shrink_above = 0.7  # a task whose success is over this gets fewer steps
+    c.budget.min_factor = 1.0  # smallest budget, x optimal steps
+    c.budget.max_factor = 6.0  # largest budget, x optimal steps
+    c.budget.env_max_steps = 200  # the envs' own step limit while budgets are on (a backstop)
+    c.budget.retire_above = 0.8  # a task is mastered above this success ...
+    c.budget.retire_after = 3  # ... at this many adjustments in a row
+    c.budget.on_mastered = "retire"  # harder (budget to min_factor) | retire (out of mixing) | none
+
+    # --- mixing: several task families / types in one run (see trainer/mixing.py) -----------
+    c.mixing = ml_collections.ConfigDict()
+    c.mixing.enabled = False  # draw batches from `tasks` by `weights`
+    c.mixing.tasks = ()  # "family:name" or "name" (env.family); "-N" sets toy/alfworld size
+    c.mixing.weights = ()  # sampling weight of each of `tasks`; () = equal weights
+    c.mixing.core_share = 0.25  # share of every batch kept for the core task (env.* or stage)
 
     # --- action_space: staged verbs and compound actions (text games) ----------------------
     c.action_space = ml_collections.ConfigDict()

@@ -35,6 +35,7 @@ CHOICES: dict[str, tuple] = {
     "kl.where": ("reward", "loss"),
     "kl.controller": ("fixed", "adaptive", "warmup"),
     "rl.lr_schedule": ("constant", "linear", "step_decay"),
+    "budget.on_mastered": ("harder", "retire", "none"),
     "reward.source": ("verified", "binary", "learned", "weighted"),
     "reward.mix": ("none", "code", "text"),
 }

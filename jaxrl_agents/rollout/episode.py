@@ -142,6 +142,7 @@ class _Episode:
     end_reason: str = ""
     error: str = ""
     forced: list | None = None
+    max_steps: int | None = None  # this episode's step budget (None: the driver's)
 
     def end(self, reason: str, *, truncated=False, failed=False, won=False) -> None:
         self.done, self.end_reason = True, reason
@@ -244,8 +245,8 @@ class EpisodeDriver:
     # -- public
 
     def run(self, env_ids: Sequence[int], key=None, seeds: Sequence[int] | None = None, *,
-            greedy: bool = False, forced_actions: Sequence[Sequence[str]] | str | None = None
-            ) -> list[Trajectory]:
+            greedy: bool = False, forced_actions: Sequence[Sequence[str]] | str | None = None,
+            max_steps: Sequence[int | None] | None = None) -> list[Trajectory]:
         """Plays one episode in each env of `env_ids` (reset with `seeds`), in lock-step.
 
         key: `jax.random.key` for sampling (default key 0). greedy: argmax actions.
@@ -253,6 +254,8 @@ class EpisodeDriver:
         "gold" for each task's gold actions); the rendering is the same, log-probs are 0 and
         the model is not called. An episode whose forced actions run out before done ends
         truncated ("forced_actions_exhausted").
+        max_steps: a step budget per env id (None entries: the driver's `max_steps`); an
+        episode that reaches its budget ends truncated ("step_budget").
         Returns one Trajectory per env id, in order; `last_stats` gets the run's metrics.
         """
         env_ids = [int(i) for i in env_ids]
@@ -265,6 +268,11 @@ class EpisodeDriver:
         self._calls = 0  # sampling keys are fold_in(key, call number): reproducible runs
         episodes = self._reset(env_ids, seeds, timer)
         self._check_groups(episodes)
+        if max_steps is not None:
+            if len(max_steps) != len(episodes):
+                raise ValueError(f"{len(max_steps)} step budgets for {len(episodes)} env ids")
+            for ep, budget in zip(episodes, max_steps):
+                ep.max_steps = budget
         if forced_actions is not None:
             self._attach_forced(episodes, forced_actions)
         sampling = SamplingParams() if greedy else self.sampling
@@ -368,7 +376,8 @@ class EpisodeDriver:
         for ep in lane.episodes:
             if ep.done:
                 continue
-            if self.max_steps is not None and ep.steps >= self.max_steps:
+            budget = self.max_steps if ep.max_steps is None else ep.max_steps
+            if budget is not None and ep.steps >= budget:
                 ep.end("step_budget", truncated=True)
                 continue
             if len(ep.record) + len(ep.pending) + self.max_action_tokens > self.max_context:

@@ -29,6 +29,7 @@ from jaxrl_agents.logging import RunLogger, success_ci
 from jaxrl_agents.trainer import setup
 from jaxrl_agents.trainer.rl import make_learner
 from jaxrl_agents.trainer.sft import SFTTrainer
+from jaxrl_agents.trainer.task_schedule import TaskSchedule
 
 
 def run_dir_of(cfg) -> str:
@@ -67,6 +68,7 @@ class Trainer:
             ActionStaging.from_config(cfg.action_space) if cfg.action_space.staging else None
         )
         self.pool = setup.make_pool(cfg, self.layout, self.staging)
+        self.schedule = TaskSchedule(cfg, self.layout, self.pool.tasks)
         heads = self.layout.train_task_heads()
         self.tokenizer = setup.build_tokenizer(
             cfg, self.run_dir, lambda: setup.collect_env_text(self.pool, heads)
@@ -111,6 +113,7 @@ class Trainer:
             "learner_updates": self.learner.updates,
             "monitor": self.monitor.state_dict(),
             "action_stage": self.staging.state_dict() if self.staging else None,
+            "schedule": self.schedule.state_dict(),
         }
         self.checkpointer.save(self.progress.update, {"learner": self.state}, meta)
 
@@ -128,6 +131,7 @@ class Trainer:
         if self.staging and meta.get("action_stage") and meta["action_stage"]["stage"]:
             self.staging.load_state_dict(meta["action_stage"])
             self._rebuild_pool()
+        self.schedule.load_state_dict(meta.get("schedule", {}))
         self.driver._groups_used = self.progress.groups_used
         self._sync_policy()
         return True
@@ -151,16 +155,21 @@ class Trainer:
 
     # -- stages
 
-    def evaluate(self, stage: str, step: int | None = None) -> dict:
-        """Greedy play on every held-out task; success with a 95% Wilson interval."""
-        ids = self.layout.eval_ids
+    def evaluate(self, stage: str, step: int | None = None, ids=None) -> dict:
+        """Greedy play on the held-out tasks (`ids`, default every one); success with a 95%
+        Wilson interval, per task too when several."""
+        ids = self.layout.eval_ids if ids is None else ids
         chunk = max(self.cfg.rollout.episodes_per_batch, 1)
         trajs = []
         for i in range(0, len(ids), chunk):
-            trajs += self.eval_driver.run(ids[i : i + chunk], greedy=True)
+            part = ids[i : i + chunk]
+            budgets = self.schedule.eval_max_steps(part)
+            trajs += self.eval_driver.run(part, greedy=True, max_steps=budgets)
         result = success_ci([t.won for t in trajs])
         result["return_mean"] = float(np.mean([t.episode_return for t in trajs]))
         result["failed"] = int(sum(t.failed for t in trajs))
+        if by_task := self.schedule.success_by_task(trajs):
+            result["by_task"] = by_task
         self.logger.write_eval(stage, result, step=step)
         return result
 
@@ -186,13 +195,9 @@ class Trainer:
     def collect(self, update: int):
         """Episodes of update `update` and their packed batch."""
         cfg = self.cfg
-        rng = np.random.default_rng([cfg.seed, update])
-        num_tasks = max(cfg.rollout.episodes_per_batch // self.layout.group_size, 1)
-        tasks = rng.choice(
-            self.layout.num_train, size=min(num_tasks, self.layout.num_train), replace=False
-        )
+        plan = self.schedule.plan(update)
         key = jax.random.fold_in(jax.random.fold_in(self.key, update), 0)
-        trajs = self.driver.run(self.layout.train_ids(tasks), key)
+        trajs = self.driver.run(plan.env_ids, key, max_steps=plan.max_steps)
         dump = cfg.reward.dump_trajectories and os.path.join(self.run_dir, "trajectories.jsonl")
         self.reward_metrics = reward_lib.shape_collected(
             trajs, self.reward_recipe, reward_model=self.reward_model, dump_path=dump, update=update
@@ -222,6 +227,7 @@ class Trainer:
         self._sync_policy()
         update_s = time.perf_counter() - start - rollout_s
         metrics.update(stats)
+        metrics.update(self.schedule.observe(update, trajs))
         metrics.update(self.reward_metrics)
         metrics.update(
             {
@@ -262,6 +268,9 @@ class Trainer:
             if cfg.rl.eval_every and (update + 1) % cfg.rl.eval_every == 0:
                 result = self.evaluate("rl", step=update + 1)
                 metrics["eval/success"] = result["mean"]
+            for task, ids in self.schedule.due_evaluations(update):
+                result = self.evaluate(f"stage:{task}", step=update + 1, ids=ids)
+                metrics[f"curriculum/eval/{task.replace(':', '/')}"] = result["mean"]
             self.logger.log(update + 1, metrics)
             if cfg.checkpoint.every and (update + 1) % cfg.checkpoint.every == 0:
                 self._save()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
+import itertools
 import os
 
 import numpy as np
@@ -11,23 +14,51 @@ import envs
 from jaxrl_agents.models import ModelConfig, Transformer, build_actor_critic, hf_io
 from jaxrl_agents.models.tokenizer import load_tokenizer, train_tokenizer
 from jaxrl_agents.rollout import DEFAULT_SYSTEM_PROMPT, EpisodeDriver, grouped_specs
-from jaxrl_agents.trainer.tasks import task_specs
+from jaxrl_agents.trainer.tasks import run_tasks, task_specs
 
 # Families whose games are generated files worth making in parallel before the pool starts.
 _GENERATORS = {"textworld": "envs.textworld_env", "alfworld": "envs.alfworld_env"}
 
 
+@dataclasses.dataclass(frozen=True)
+class TaskGroup:
+    """The pool's instances of one task (`tasks.TaskName.key`): global train task indices
+    and held-out env ids."""
+
+    key: str
+    train_tasks: range
+    eval_ids: range
+
+
 class EnvLayout:
     """Which pool env ids hold which tasks.
 
-    Train task k occupies ids [k * g, (k + 1) * g) (g = group size, every copy plays the same
-    task); held-out task j occupies id num_train * g + j.
+    Every task the run may play (`tasks.run_tasks`: curriculum stages, mixture tasks; one
+    task by default) gets `env.num_train_tasks` train and `env.num_eval_tasks` held-out
+    instances, built once. Train tasks are numbered over all tasks, task after task; train
+    task k occupies ids [k * g, (k + 1) * g) (g = group size, every copy plays the same
+    task); the held-out instances follow, one id each. While step budgets are on, the envs'
+    own limit is `budget.env_max_steps` (the driver ends episodes at their budget).
     """
 
     def __init__(self, cfg):
         self.group_size = cfg.rollout.group_size
-        self.train_specs = task_specs(cfg.env, "train", cfg.env.num_train_tasks, cfg.seed)
-        self.eval_specs = task_specs(cfg.env, "eval", cfg.env.num_eval_tasks, cfg.seed)
+        max_steps = cfg.budget.env_max_steps if cfg.budget.enabled else None
+        env = cfg.env
+        tasks = run_tasks(cfg)
+        first_eval = len(tasks) * env.num_train_tasks * self.group_size
+        self.train_specs, self.eval_specs, self.groups = [], [], {}
+        for task in tasks:
+            train = task_specs(env, "train", env.num_train_tasks, cfg.seed, task, max_steps)
+            held_out = task_specs(env, "eval", env.num_eval_tasks, cfg.seed, task, max_steps)
+            n_train, n_eval = len(self.train_specs), first_eval + len(self.eval_specs)
+            self.groups[task.key] = TaskGroup(
+                task.key,
+                train_tasks=range(n_train, n_train + len(train)),
+                eval_ids=range(n_eval, n_eval + len(held_out)),
+            )
+            self.train_specs += train
+            self.eval_specs += held_out
         self.specs = grouped_specs(self.train_specs, self.group_size) + self.eval_specs
 
     @property
@@ -39,23 +70,39 @@ class EnvLayout:
         return [k * g + j for k in task_indices for j in range(g)]
 
     def train_task_heads(self) -> list[int]:
-        """One env id per train task (the first copy)."""
-        return [k * self.group_size for k in range(self.num_train)]
+        """One env id per train task (the first copy), taking the tasks in turn."""
+        g = self.group_size
+        return [k * g for k in _interleave(group.train_tasks for group in self.groups.values())]
 
     @property
     def eval_ids(self) -> list[int]:
-        start = self.num_train * self.group_size
-        return list(range(start, start + len(self.eval_specs)))
+        """Every held-out env id, taking the tasks in turn (any prefix covers them evenly)."""
+        return _interleave(group.eval_ids for group in self.groups.values())
+
+    def group_of(self, env_id: int) -> str:
+        """The task key of a train or held-out env id."""
+        train_task = env_id // self.group_size if env_id < self.num_train * self.group_size else -1
+        for group in self.groups.values():
+            if train_task in group.train_tasks or env_id in group.eval_ids:
+                return group.key
+        raise ValueError(f"env id {env_id} is outside the layout")
+
+
+def _interleave(sequences) -> list[int]:
+    """[a0, b0, c0, a1, b1, ...]: the items of each sequence in turn."""
+    out = []
+    for column in itertools.zip_longest(*sequences):
+        out += [x for x in column if x is not None]
+    return out
 
 
 def pregenerate(layout: EnvLayout, num_workers: int) -> None:
     """Generates (or finds cached) every game file in parallel, before the pool starts."""
-    family = layout.train_specs[0]["family"] if layout.train_specs else None
-    if family in _GENERATORS:
-        import importlib
-
-        module = importlib.import_module(_GENERATORS[family])
-        module.generate_games(layout.train_specs + layout.eval_specs, num_workers=num_workers)
+    specs = layout.train_specs + layout.eval_specs
+    for family, module_name in _GENERATORS.items():
+        mine = [s for s in specs if s["family"] == family]
+        if mine:
+            importlib.import_module(module_name).generate_games(mine, num_workers=num_workers)
 
 
 def make_pool(cfg, layout: EnvLayout, staging=None) -> envs.EnvPool:

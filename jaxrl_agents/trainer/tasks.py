@@ -6,6 +6,9 @@ the families' own named splits, so they never share a task.
 
 from __future__ import annotations
 
+import dataclasses
+import re
+
 # Which `env.*` config fields each family takes, and under which spec key.
 _FAMILY_FIELDS = {
     "textworld": {
@@ -43,16 +46,58 @@ _FAMILY_FIELDS = {
 SPLITS = ("train", "eval")
 # Fields left out of a spec when zero: they mean "the family's default".
 _ZERO_IS_DEFAULT = ("max_steps", "size")
+_SIZE_SUFFIX = re.compile(r"^(.+)-(\d+)$")
 
 
-def base_spec(env_cfg) -> dict:
-    """The spec keys shared by every instance of `env_cfg` (no seed, no split)."""
-    family = env_cfg.family
+@dataclasses.dataclass(frozen=True)
+class TaskName:
+    """One kind of task a run plays: a family, its task name and (toy, alfworld) a size."""
+
+    family: str
+    name: str
+    size: int = 0  # 0 = the family's default
+
+    @property
+    def key(self) -> str:
+        """The task's name in configs and logs: family:name[-size], e.g. toy:count-4."""
+        return f"{self.family}:{self.name}" + (f"-{self.size}" if self.size else "")
+
+
+def core_task(env_cfg) -> TaskName:
+    """The task the `env` config section names."""
+    sized = "size" in _FAMILY_FIELDS.get(env_cfg.family, {})
+    return TaskName(env_cfg.family, env_cfg.name, int(env_cfg.size) if sized else 0)
+
+
+def parse_task(text: str, env_cfg) -> TaskName:
+    """A TaskName from "family:name" or "name" (of env.family). In the families with a size
+    (toy, alfworld) a "-N" suffix sets it ("count-4"); without one, a task of env.family
+    takes env.size."""
+    family, _, name = text.rpartition(":")
+    family = family or env_cfg.family
+    if family not in _FAMILY_FIELDS:
+        raise ValueError(f"task {text!r}: family {family!r}; known: {sorted(_FAMILY_FIELDS)}")
+    if "size" not in _FAMILY_FIELDS[family]:
+        return TaskName(family, name)
+    match = _SIZE_SUFFIX.match(name)
+    if match:
+        return TaskName(family, match.group(1), int(match.group(2)))
+    return TaskName(family, name, int(env_cfg.size) if family == env_cfg.family else 0)
+
+
+def base_spec(env_cfg, task: TaskName | None = None, max_steps: int | None = None) -> dict:
+    """The spec keys shared by every instance of `env_cfg` (no seed, no split); `task`
+    replaces its family, name and size, `max_steps` its step budget."""
+    task = task or core_task(env_cfg)
+    family = task.family
     if family not in _FAMILY_FIELDS:
         raise ValueError(f"env.family {family!r}; known: {sorted(_FAMILY_FIELDS)}")
+    values = {"name": task.name, "size": task.size}
+    if max_steps is not None:
+        values["max_steps"] = max_steps
     spec = {"family": family}
     for field, keys in _FAMILY_FIELDS[family].items():
-        value = env_cfg[field]
+        value = values[field] if field in values else env_cfg[field]
         if field in _ZERO_IS_DEFAULT and not value:
             continue
         for key in keys if isinstance(keys, tuple) else (keys,):
@@ -60,9 +105,32 @@ def base_spec(env_cfg) -> dict:
     return spec
 
 
-def task_specs(env_cfg, split: str, count: int, seed: int = 0) -> list[dict]:
-    """`count` instance specs of `split` ("train" | "eval"), seeds seed*10**6 + i."""
+def task_specs(
+    env_cfg,
+    split: str,
+    count: int,
+    seed: int = 0,
+    task: TaskName | None = None,
+    max_steps: int | None = None,
+) -> list[dict]:
+    """`count` instance specs of `split` ("train" | "eval"), seeds seed*10**6 + i; `task` and
+    `max_steps` as in `base_spec`."""
     if split not in SPLITS:
         raise ValueError(f"split {split!r}; allowed: {sorted(SPLITS)}")
-    base = base_spec(env_cfg)
+    base = base_spec(env_cfg, task, max_steps)
     return [{**base, "seed": seed * 10**6 + i, "split": split} for i in range(count)]
+
+
+def run_tasks(cfg) -> list[TaskName]:
+    """Every task a run may play, without repeats: the curriculum stages (or the env
+    section's task, the core task of mixing), then the mixture tasks when mixing is on."""
+    if cfg.curriculum.enabled:
+        names = [parse_task(s, cfg.env) for s in cfg.curriculum.stages]
+    else:
+        names = [core_task(cfg.env)]
+    if cfg.mixing.enabled:
+        names += [parse_task(t, cfg.env) for t in cfg.mixing.tasks]
+    unique = {}
+    for task in names:
+        unique.setdefault(task.key, task)
+    return list(unique.values())

@@ -47,3 +47,17 @@ def random_batch(seed=0, episodes=8, turns=3, group_size=2):
             Trajectory(tokens, types, logprobs, rewards, ends, won=won, group_id=e // group_size)
         )
     return pack(trajs, length_buckets=(32, 64))
+
+
+def toy_schedule(*overrides):
+    """A TaskSchedule over the real layout of configs/toy_tiny.py with `overrides`
+    ("a.b=value"), its TaskSpecs made in process (no pool): (schedule, layout)."""
+    import envs
+    from jaxrl_agents.config import load_config
+    from jaxrl_agents.trainer.setup import EnvLayout
+    from jaxrl_agents.trainer.task_schedule import TaskSchedule
+
+    cfg = load_config("configs/toy_tiny.py", list(overrides))
+    layout = EnvLayout(cfg)
+    tasks = [envs.make(spec).task for spec in layout.specs]
+    return TaskSchedule(cfg, layout, tasks), layout
