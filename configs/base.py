@@ -77,7 +77,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.env.step_penalty = 0.0  # reward added to every step (negative = cost)
     c.env.invalid_penalty = 0.0  # reward added for an invalid action
     c.env.max_steps = 0  # step budget per episode; 0 = 2x the task's optimal steps
-    c.env.obs_format = "template"  # template ([Room]/[Items]/[Goal]/[Feedback]) | raw
+    c.env.obs_format = "template"  # template ([Room]/[Items]/[Goal]/[Feedback]) | compact | raw
 
     # --- algo: the RL objective -------------------------------------------------------------
     c.algo = ml_collections.ConfigDict()
@@ -110,6 +110,13 @@ def get_config() -> ml_collections.ConfigDict:
     c.kl.warmup_start = 0.01  # warmup: coefficient at the start
     c.kl.warmup_updates = 100  # warmup: updates to reach `coef`
 
+    # --- pretrain: language-model warm-up of a model trained from scratch (demos) ---------
+    c.pretrain = ml_collections.ConfigDict()
+    c.pretrain.episodes_per_task = 0  # random-play transcripts per train task to LM on; 0 = off
+    c.pretrain.epochs = 2  # passes over the random-play transcripts
+    c.pretrain.learning_rate = 1e-3  # Adam learning rate
+    c.pretrain.batch_size = 16  # transcripts per step
+
     # --- sft: supervised fine-tuning on golden trajectories ------------------------------
     c.sft = ml_collections.ConfigDict()
     c.sft.enabled = True  # run SFT before RL
@@ -118,7 +125,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.sft.batch_size = 16  # trajectories per step
     c.sft.epochs = 3  # passes over the training split
     c.sft.val_fraction = 0.2  # share held out for validation loss
-    c.sft.eval_games = 20  # held-out games played after SFT (success rate)
+    c.sft.keep_best = True  # end SFT with the epoch of lowest validation loss
+    c.sft.eval_games = 20  # held-out games played after SFT (success rate); 0 = none
+    c.sft.eval_every_epochs = 0  # also play them every k SFT epochs (early report); 0 = off
 
     # --- rl: the outer RL loop ---------------------------------------------------------------
     c.rl = ml_collections.ConfigDict()
@@ -131,6 +140,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.minibatch_size = 16  # episodes per gradient step
     c.rl.grad_accum = 1  # micro-batches accumulated per minibatch
     c.rl.max_grad_norm = 1.0  # global gradient-norm clip
+    c.rl.optimizer_state = "float32"  # Adam moments: float32 | int8 (block-wise 8-bit, ~4x less)
+    c.rl.master_weights = "none"  # none | float32 (optimizer steps an f32 copy of bf16 params)
     c.rl.reward_scale = 1.0  # rewards are multiplied by this
     c.rl.reward_norm = False  # divide rewards by a running std of returns
     c.rl.reward_clip = 0.0  # clip rewards to [-x, x]; 0 = off

@@ -142,11 +142,22 @@ class _Episode:
     end_reason: str = ""
     error: str = ""
     forced: list | None = None
+    random_rng: np.random.Generator | None = None  # forced_actions="random": picks commands
     max_steps: int | None = None  # this episode's step budget (None: the driver's)
 
     def end(self, reason: str, *, truncated=False, failed=False, won=False) -> None:
         self.done, self.end_reason = True, reason
         self.truncated, self.failed, self.won = truncated, failed, won
+
+    def forced_action(self) -> str:
+        """The next forced action: from the forced list, or a random offered command."""
+        if self.random_rng is None:
+            return self.forced[self.steps]
+        offered = self.record.admissible[-1] if self.record.admissible else []
+        return str(offered[self.random_rng.integers(len(offered))]) if offered else "look"
+
+    def forced_exhausted(self) -> bool:
+        return self.random_rng is None and self.steps >= len(self.forced)
 
     def trajectory(self) -> Trajectory:
         info = {"env_id": self.env_id, "steps": self.steps, "end_reason": self.end_reason}
@@ -251,7 +262,8 @@ class EpisodeDriver:
 
         key: `jax.random.key` for sampling (default key 0). greedy: argmax actions.
         forced_actions: play these action strings instead of sampling (one list per env;
-        "gold" for each task's gold actions); the rendering is the same, log-probs are 0 and
+        "gold" for each task's gold actions; "random" for a uniformly drawn admissible
+        command each turn, seeded by `key`); the rendering is the same, log-probs are 0 and
         the model is not called. An episode whose forced actions run out before done ends
         truncated ("forced_actions_exhausted").
         max_steps: a step budget per env id (None entries: the driver's `max_steps`); an
@@ -273,10 +285,10 @@ class EpisodeDriver:
                 raise ValueError(f"{len(max_steps)} step budgets for {len(episodes)} env ids")
             for ep, budget in zip(episodes, max_steps):
                 ep.max_steps = budget
-        if forced_actions is not None:
-            self._attach_forced(episodes, forced_actions)
-        sampling = SamplingParams() if greedy else self.sampling
         key = jax.random.key(0) if key is None else key
+        if forced_actions is not None:
+            self._attach_forced(episodes, forced_actions, key)
+        sampling = SamplingParams() if greedy else self.sampling
         forced = forced_actions is not None
         lanes = self._lanes(episodes, forced)
         self._play(lanes, sampling, key, timer, forced)
@@ -317,11 +329,16 @@ class EpisodeDriver:
                                  f"different tasks {sorted(names)}; repeat each spec "
                                  "group_size times in the pool (see grouped_specs)")
 
-    def _attach_forced(self, episodes, forced_actions) -> None:
+    def _attach_forced(self, episodes, forced_actions, key) -> None:
+        if forced_actions == "random":
+            seed = [int(x) for x in np.asarray(jax.random.key_data(key)).ravel()]
+            for ep in episodes:
+                ep.random_rng = np.random.default_rng(seed + [ep.env_id])
+            return
         if isinstance(forced_actions, str):
             if forced_actions != "gold":
-                raise ValueError(f"forced_actions={forced_actions!r}; a list of action lists "
-                                 "or 'gold'")
+                raise ValueError(f"forced_actions={forced_actions!r}; a list of action lists, "
+                                 "'gold' or 'random'")
             tasks = self.pool.tasks
             forced_actions = [tasks[ep.env_id].gold_actions for ep in episodes]
         if len(forced_actions) != len(episodes):
@@ -383,7 +400,7 @@ class EpisodeDriver:
             if len(ep.record) + len(ep.pending) + self.max_action_tokens > self.max_context:
                 ep.end("context", truncated=True)
                 continue
-            if forced and ep.steps >= len(ep.forced):
+            if forced and ep.forced_exhausted():
                 ep.end("forced_actions_exhausted", truncated=True)
                 continue
             acting.append(ep)
@@ -393,7 +410,7 @@ class EpisodeDriver:
             ep.record.add_prompt(ep.pending)
         if forced:
             for ep in acting:
-                text = ep.forced[ep.steps]
+                text = ep.forced_action()
                 ep.record.add_action(self.renderer.action_ids(text), text)
         else:
             self._sample(lane, acting, sampling, key)

@@ -155,10 +155,11 @@ class Trainer:
 
     # -- stages
 
-    def evaluate(self, stage: str, step: int | None = None, ids=None) -> dict:
-        """Greedy play on the held-out tasks (`ids`, default every one); success with a 95%
-        Wilson interval, per task too when several."""
+    def evaluate(self, stage: str, step: int | None = None, limit: int = 0, ids=None) -> dict:
+        """Greedy play on the held-out tasks (`ids`, default every one; the first `limit`, or
+        all when 0); success with a 95% Wilson interval, per task too when several."""
         ids = self.layout.eval_ids if ids is None else ids
+        ids = ids[:limit] if limit else ids
         chunk = max(self.cfg.rollout.episodes_per_batch, 1)
         trajs = []
         for i in range(0, len(ids), chunk):
@@ -173,6 +174,30 @@ class Trainer:
         self.logger.write_eval(stage, result, step=step)
         return result
 
+    def run_pretrain(self) -> dict:
+        """Language modelling (every token) on transcripts of random admissible commands
+        played on the train tasks: a from-scratch model learns the text and the format
+        before SFT. No gold action is used."""
+        cfg = self.cfg
+        heads = self.layout.train_task_heads()
+        trajs = []
+        for r in range(cfg.pretrain.episodes_per_task):
+            key = jax.random.fold_in(jax.random.fold_in(self.key, r), 2)
+            trajs += self.eval_driver.run(heads, key, forced_actions="random")
+        self.logger.write(f"Pretraining on {len(trajs)} random-play transcripts")
+        trainer = SFTTrainer(
+            self.actor_critic.policy, learning_rate=cfg.pretrain.learning_rate,
+            batch_size=cfg.pretrain.batch_size, epochs=cfg.pretrain.epochs, val_fraction=0.1,
+            seed=cfg.seed, keep_best=False, target="all", max_grad_norm=cfg.rl.max_grad_norm,
+            pad_id=self.pad_id, length_buckets=cfg.rollout.length_buckets)
+
+        def on_epoch(row):
+            self.logger.log(0, {f"pretrain/{k}": v for k, v in row.items()})
+            self.logger.write(f"  pretrain epoch {row['epoch']}: train {row['train_loss']:.4f} "
+                              f"val {row.get('val_loss', float('nan')):.4f}")
+
+        return {"history": trainer.fit(trajs, on_epoch=on_epoch), "transcripts": len(trajs)}
+
     def run_sft(self) -> dict:
         cfg = self.cfg
         heads = self.layout.train_task_heads()[: cfg.sft.num_trajectories]
@@ -180,15 +205,20 @@ class Trainer:
         self.logger.write(f"SFT on {len(gold)} golden trajectories (of {len(heads)} tasks)")
         trainer = SFTTrainer.from_config(cfg, self.actor_critic.policy, pad_id=self.pad_id)
 
+        every = cfg.sft.eval_every_epochs
+
         def on_epoch(row):
+            line = (f"  SFT epoch {row['epoch']}: train {row['train_loss']:.4f} "
+                    f"val {row.get('val_loss', float('nan')):.4f}")
+            if every and cfg.sft.eval_games and row["epoch"] % every == 0:
+                early = self.evaluate("sft_epoch", step=row["epoch"], limit=cfg.sft.eval_games)
+                row["eval_success"] = early["mean"]
+                line += f" held-out success {early['mean']:.3f} ({early['n']} games)"
             self.logger.log(0, {f"sft/{k}": v for k, v in row.items()})
-            self.logger.write(
-                f"  SFT epoch {row['epoch']}: train {row['train_loss']:.4f} "
-                f"val {row.get('val_loss', float('nan')):.4f}"
-            )
+            self.logger.write(line)
 
         history = trainer.fit(gold, on_epoch=on_epoch)
-        result = self.evaluate("sft") if cfg.sft.eval_games else {}
+        result = self.evaluate("sft", limit=cfg.sft.eval_games) if cfg.sft.eval_games else {}
         result["history"] = history
         return result
 
@@ -227,8 +257,8 @@ class Trainer:
         self._sync_policy()
         update_s = time.perf_counter() - start - rollout_s
         metrics.update(stats)
-        metrics.update(self.schedule.observe(update, trajs))
         metrics.update(self.reward_metrics)
+        metrics.update(self.schedule.observe(update, trajs))
         metrics.update(
             {
                 "charts/success": setup.success_rate(trajs),
@@ -256,6 +286,8 @@ class Trainer:
         self.logger.save_config(cfg)
         summary = {}
         if cfg.sft.enabled and not self.progress.sft_done:
+            if cfg.pretrain.episodes_per_task:
+                summary["pretrain"] = self.run_pretrain()
             summary["sft"] = self.run_sft()
             # The reference policy is the SFT policy; optimizer state starts fresh.
             self.state = self.learner.init_state(self.actor_critic)

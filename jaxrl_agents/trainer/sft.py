@@ -19,22 +19,29 @@ from jaxrl_agents import kernels
 from jaxrl_agents.data import Batch, Trajectory, pack
 from jaxrl_agents.trainer import optim
 
+TARGETS = ("actions", "all")
 
-def sft_loss(graphdef, params, batch: dict):
-    """Mean negative log-likelihood of the action tokens.  Returns (loss, metrics)."""
+
+def sft_loss(graphdef, params, batch: dict, target: str = "actions"):
+    """Mean negative log-likelihood of the action tokens (target "actions") or of every
+    token after the first (target "all": language modelling of whole episodes).
+    Returns (loss, metrics)."""
     model = nnx.merge(graphdef, params)
     logits = model(batch["input_ids"], batch["positions"], batch["valid"])
     logp = kernels.next_token_logprobs(logits, batch["input_ids"])
-    mask = batch["action_mask"]
+    if target == "all":
+        mask = batch["valid"].astype(jnp.float32).at[:, 0].set(0.0)
+    else:
+        mask = batch["action_mask"]
     nll = -kernels.masked_mean(logp, mask)
     predicted = kernels.shift_right(jnp.argmax(logits, axis=-1))
     accuracy = kernels.masked_mean((predicted == batch["input_ids"]).astype(jnp.float32), mask)
     return nll, {"sft/loss": nll, "sft/token_accuracy": accuracy}
 
 
-def _train_step(graphdef, tx, params, opt_state, batch):
+def _train_step(graphdef, tx, target, params, opt_state, batch):
     (loss, metrics), grads = jax.value_and_grad(
-        functools.partial(sft_loss, graphdef), has_aux=True
+        functools.partial(sft_loss, graphdef, target=target), has_aux=True
     )(params, batch)
     updates, opt_state = tx.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, metrics
@@ -70,6 +77,7 @@ class SFTTrainer:
         val_fraction: float,
         seed: int = 0,
         keep_best: bool = True,
+        target: str = "actions",
         max_grad_norm: float = 1.0,
         pad_id: int = 0,
         length_buckets: Sequence[int] = (128, 256, 512, 1024),
@@ -78,11 +86,14 @@ class SFTTrainer:
         self.batch_size, self.epochs = batch_size, epochs
         self.val_fraction, self.seed = val_fraction, seed
         self.keep_best = keep_best
+        if target not in TARGETS:
+            raise ValueError(f"SFT target {target!r}; one of {list(TARGETS)}")
+        self.target = target
         self.pad_id, self.length_buckets = pad_id, tuple(length_buckets)
         self.tx = optim.adam(optax.constant_schedule(learning_rate), max_grad_norm)
         self.graphdef, _ = nnx.split(policy)
-        self._step = jax.jit(functools.partial(_train_step, self.graphdef, self.tx))
-        self._eval = jax.jit(functools.partial(sft_loss, self.graphdef))
+        self._step = jax.jit(functools.partial(_train_step, self.graphdef, self.tx, target))
+        self._eval = jax.jit(functools.partial(sft_loss, self.graphdef, target=target))
 
     @classmethod
     def from_config(cls, cfg, policy, *, pad_id: int) -> SFTTrainer:
@@ -109,7 +120,8 @@ class SFTTrainer:
         for i in range(0, len(trajs), self.batch_size):
             chunk = trajs[i : i + self.batch_size]
             _, metrics = self._eval(params, self._pack(chunk))
-            n = sum(t.num_action_tokens for t in chunk)
+            n = sum(t.num_action_tokens if self.target == "actions" else len(t.tokens) - 1
+                    for t in chunk)
             for k, v in metrics.items():
                 totals[k] = totals.get(k, 0.0) + float(v) * n
             weight += n

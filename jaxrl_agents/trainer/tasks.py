@@ -44,6 +44,8 @@ _FAMILY_FIELDS = {
     },
 }
 SPLITS = ("train", "eval")
+SEED_STRIDE = 10_000  # task instances per run seed
+MAX_RUN_SEED = 100  # the families' instance seeds stay below SEED_STRIDE * MAX_RUN_SEED
 # Fields left out of a spec when zero: they mean "the family's default".
 _ZERO_IS_DEFAULT = ("max_steps", "size")
 _SIZE_SUFFIX = re.compile(r"^(.+)-(\d+)$")
@@ -113,12 +115,17 @@ def task_specs(
     task: TaskName | None = None,
     max_steps: int | None = None,
 ) -> list[dict]:
-    """`count` instance specs of `split` ("train" | "eval"), seeds seed*10**6 + i; `task` and
-    `max_steps` as in `base_spec`."""
+    """`count` instance specs of `split` ("train" | "eval"), seeds seed * SEED_STRIDE + i
+    (the families take instance seeds below 10**6, so run seeds 0..99 each get their own
+    instances); `task` and `max_steps` as in `base_spec`."""
     if split not in SPLITS:
         raise ValueError(f"split {split!r}; allowed: {sorted(SPLITS)}")
+    if count > SEED_STRIDE or not 0 <= seed < MAX_RUN_SEED:
+        raise ValueError(f"task instances come from seeds seed * {SEED_STRIDE} + i: need "
+                         f"0 <= seed < {MAX_RUN_SEED} (got {seed}) and at most "
+                         f"{SEED_STRIDE} instances (got {count})")
     base = base_spec(env_cfg, task, max_steps)
-    return [{**base, "seed": seed * 10**6 + i, "split": split} for i in range(count)]
+    return [{**base, "seed": seed * SEED_STRIDE + i, "split": split} for i in range(count)]
 
 
 def run_tasks(cfg) -> list[TaskName]:

@@ -116,6 +116,22 @@ def test_gold_actions_on_toy_env_win_with_the_right_layout(model, tokenizer, poo
     assert batch.rewards.sum() == pytest.approx(sum(t.episode_return for t in trajs))
 
 
+def test_random_forced_actions_pick_offered_commands_reproducibly(model, tokenizer, pool):
+    d = driver(model, tokenizer, pool, max_steps=4)
+    ids = [0, 2]
+    first = d.run(ids, jax.random.key(3), forced_actions="random")
+    again = d.run(ids, jax.random.key(3), forced_actions="random")
+    other = d.run(ids, jax.random.key(4), forced_actions="random")
+    for traj, same in zip(first, again):
+        offered = traj.info["admissible"]
+        actions = traj.info["actions"]
+        assert actions and all(a in offered[k] for k, a in enumerate(actions))
+        assert actions == same.info["actions"]
+        np.testing.assert_array_equal(traj.tokens, same.tokens)
+        check_layout(traj, d.renderer)
+    assert [t.info["actions"] for t in first] != [t.info["actions"] for t in other]
+
+
 def test_plain_template_renders_like_its_definition(model, tokenizer, pool):
     d = driver(model, tokenizer, pool, template="plain", system_prompt="Count.")
     traj = d.run([0], forced_actions="gold")[0]

@@ -90,3 +90,23 @@ def test_keep_best_ends_on_the_epoch_of_lowest_validation_loss():
     assert best < history[-1]["val_loss"]  # the case under test: the last epoch is worse
     assert final_loss == pytest.approx(best, rel=1e-5)
     assert results[False][1] == pytest.approx(history[-1]["val_loss"], rel=1e-5)
+
+
+def test_target_all_models_every_token_and_bad_target_is_an_error():
+    """target="all" (the pretraining warm-up) learns the observation tokens too: in the copy
+    task the prompt tokens 1 and 2 are fixed, so only an every-token loss gets them right."""
+    policy = tiny_policy(vocab_size=16)
+    trainer = SFTTrainer(policy, learning_rate=3e-3, batch_size=4, epochs=6, val_fraction=0.25,
+                         target="all", length_buckets=(16,))
+    history = trainer.fit(_copy_task(0, n=16))
+    # Half the tokens (the observed x) are random: the loss cannot halve, but it falls.
+    assert history[-1]["train_loss"] < 0.85 * history[0]["train_loss"]
+    actions_only = SFTTrainer(policy, learning_rate=3e-3, batch_size=4, epochs=1,
+                              val_fraction=0.25, length_buckets=(16,))
+    data = _copy_task(1)
+    all_loss = trainer.evaluate(nnx.state(policy), data)["sft/loss"]
+    action_loss = actions_only.evaluate(nnx.state(policy), data)["sft/loss"]
+    assert all_loss != pytest.approx(action_loss)
+    with pytest.raises(ValueError, match="target"):
+        SFTTrainer(policy, learning_rate=1e-3, batch_size=4, epochs=1, val_fraction=0.2,
+                   target="prompts")
