@@ -1,4 +1,4 @@
-"""Command-line entry points: jaxrl-train, jaxrl-eval and jaxrl-sweep.
+"""Command-line entry points: jaxrl-train, jaxrl-eval, jaxrl-sweep and jaxrl-plan.
 
 jaxrl-train and jaxrl-eval take `--config path.py` and any number of `--config.a.b=value`
 overrides (see jaxrl_agents.config); an unknown key or a bad value stops with a message
@@ -175,6 +175,61 @@ def sweep_main(argv=None) -> int:
             file=sys.stderr,
         )
     return 1 if failed else 0
+
+
+PLAN_HELP = """Plan memory: per-device bytes of a run on a mesh, and whether it fits a device.
+
+  jaxrl-plan --config configs/qwen2_5_7b_textworld.py [--config.a=b ...]
+             [--mesh data=1,fsdp=8,tensor=1] [--device v4-8|v5e-8|a100-80gb|h100-80gb|BYTES]
+             [--model-config qwen2.5-7b|DIR|config.json] [--headroom 0.1]
+
+Shapes come from jax.eval_shape of the trainer's own model, critic and optimizer
+construction; placement from the sharding rules table on an abstract mesh (no devices or
+weights needed). `model.hf_path` names the architecture: a checkpoint directory, or a
+Qwen2.5 hub id known to the planner (see jaxrl_agents/plan.py PRESETS).
+"""
+
+
+def plan_main(argv=None) -> int:
+    def extra(p):
+        p.add_argument("--mesh", metavar="AXIS=N,...", help="mesh sizes (default: the config's)")
+        p.add_argument("--device", default="v5e-8",
+                       help="v4-8 | v5e-8 | a100-80gb | h100-80gb | bytes per device")
+        p.add_argument("--num-devices", type=int, default=0,
+                       help="devices in the slice (default: the device kind's, else the mesh's)")
+        p.add_argument("--model-config", metavar="NAME|PATH",
+                       help="architecture: a preset, checkpoint dir or config.json "
+                            "(default: model.hf_path, else the config's sizes)")
+        p.add_argument("--headroom", type=float, default=0.1,
+                       help="share of device memory kept free (default 0.1)")
+
+    from jaxrl_agents import plan
+
+    try:
+        args, cfg = _parse(sys.argv[1:] if argv is None else argv, PLAN_HELP, extra)
+        if cfg is None:
+            raise ConfigError("jaxrl-plan needs --config PATH")
+        if args.device in plan.DEVICES:
+            device = plan.DEVICES[args.device]
+        elif args.device.isdigit():
+            device = plan.Device(f"{int(args.device) / plan.GIB:.2f} GiB per device",
+                                 int(args.device), None)
+        else:
+            raise ConfigError(f"--device {args.device!r}; allowed: {sorted(plan.DEVICES)} "
+                              "or a number of bytes")
+        mesh_cfg = plan.parse_mesh(args.mesh) if args.mesh else dict(cfg.mesh)
+        explicit = 1
+        for size in mesh_cfg.values():
+            explicit *= max(size, 1)
+        num_devices = args.num_devices or device.num_devices or explicit
+        mesh = plan.abstract_mesh(mesh_cfg, num_devices)
+        mc = plan.model_config(cfg, args.model_config)
+    except (ConfigError, ValueError) as err:
+        print(f"jaxrl-plan: {err}", file=sys.stderr)
+        return 2
+    result = plan.make_plan(cfg, mc, mesh)
+    print(plan.format_plan(result, device.name, device.bytes_per_device, args.headroom))
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,441 @@
+"""The memory planner behind `jaxrl-plan`: per-device bytes of a run, before it runs.
+
+Nothing is counted by hand. The actor-critic, the learner state (policy, critic, frozen
+reference policy, optimizer state) and the loss are the trainer's own constructions
+(`build_actor_critic`, `rl.make_learner`, `RLLearner.init_state`, `rl.loss_fn`), traced
+with `jax.eval_shape`; every array is placed with the one rules table of
+`jaxrl_agents.sharding` on an `AbstractMesh` of the requested shape, and its per-device
+size is `NamedSharding.shard_shape`. No device of that size, and no weights, are needed.
+
+Activations of one training micro-batch are the residuals that `jax.vjp` of the loss keeps
+for the backward pass (with the model's remat setting: under remat="full" only each
+layer's inputs), evaluated at the micro-batch's rows per device. Only the part that grows
+with the batch is counted (R(2b) - R(b)), so parameters the backward pass reads are not
+counted twice. With remat, one layer's forward is recomputed at a time during the
+backward pass: the residuals of one un-rematerialised layer are added for that.
+
+    mc = model_config(cfg)
+    plan = make_plan(cfg, mc, abstract_mesh({"data": 1, "fsdp": 8, "tensor": 1}))
+    print(format_plan(plan, DEVICES["v5e-8"]))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from collections.abc import Mapping
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec
+
+from jaxrl_agents import sharding
+from jaxrl_agents.models import ModelConfig, Transformer, build_actor_critic
+from jaxrl_agents.models.hf_io import read_config
+
+GIB = 1024**3
+
+
+@dataclasses.dataclass(frozen=True)
+class Device:
+    """One accelerator kind: memory per device and devices in the slice (None: any)."""
+
+    name: str
+    bytes_per_device: int
+    num_devices: int | None
+
+
+DEVICES = {
+    # A v4 chip has 2 TensorCores run as one megacore device: JAX sees 4 devices.
+    "v4-8": Device("TPU v4-8 (4 chips, 32 GiB HBM each)", 32 * GIB, 4),
+    "v5e-8": Device("TPU v5litepod-8 (8 chips, 16 GiB HBM each)", 16 * GIB, 8),
+    "a100-80gb": Device("A100 80GB", 80 * GIB, None),
+    "h100-80gb": Device("H100 80GB", 80 * GIB, None),
+}
+
+# Published architectures (config.json of the Hugging Face repos), for planning without
+# downloading anything. Values are transformers.Qwen2Config arguments.
+_QWEN25 = dict(
+    hidden_act="silu",
+    rms_norm_eps=1e-6,
+    rope_theta=1e6,
+    max_position_embeddings=32768,
+    bos_token_id=151643,
+    eos_token_id=151645,
+)
+PRESETS = {
+    "qwen2.5-1.5b": dict(
+        _QWEN25,
+        hidden_size=1536,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        intermediate_size=8960,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+    ),
+    "qwen2.5-7b": dict(
+        _QWEN25,
+        hidden_size=3584,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        intermediate_size=18944,
+        vocab_size=152064,
+        tie_word_embeddings=False,
+    ),
+}
+PRESET_ALIASES = {
+    "qwen/qwen2.5-1.5b": "qwen2.5-1.5b",
+    "qwen/qwen2.5-1.5b-instruct": "qwen2.5-1.5b",
+    "qwen/qwen2.5-7b": "qwen2.5-7b",
+    "qwen/qwen2.5-7b-instruct": "qwen2.5-7b",
+}
+
+
+# ----------------------------------------------------------------------------- inputs
+
+
+def preset_name(name: str) -> str | None:
+    key = name.strip().lower()
+    key = PRESET_ALIASES.get(key, key)
+    return key if key in PRESETS else None
+
+
+def hf_config_dict(source: str) -> dict:
+    """A config.json dict from a preset name (or its hub id), a checkpoint directory or a
+    config.json file. Hub ids outside the presets are not downloaded: pass a file."""
+    name = preset_name(source)
+    if name is not None:
+        import transformers
+
+        return transformers.Qwen2Config(**PRESETS[name]).to_dict()
+    path = os.path.join(source, "config.json") if os.path.isdir(source) else source
+    if not os.path.isfile(path):
+        raise ValueError(
+            f"model config {source!r} is not a preset {sorted(PRESETS)}, a "
+            "checkpoint directory or a config.json file"
+        )
+    with open(path) as f:
+        return json.load(f)
+
+
+def model_config(cfg, source: str | None = None) -> ModelConfig:
+    """The ModelConfig the trainer would build for `cfg`.
+
+    With `source` (or `model.hf_path`) the sizes come from that architecture and, as when
+    a checkpoint is loaded, parameters and activations take `model.dtype`; remat and
+    scan_layers come from the config section. Otherwise the section's own sizes.
+    """
+    source = source or cfg.model.hf_path
+    if not source:
+        return ModelConfig.from_config(cfg.model)
+    runtime = dict(
+        dtype=cfg.model.dtype,
+        param_dtype=cfg.model.dtype,
+        remat=cfg.model.remat,
+        scan_layers=cfg.model.scan_layers,
+    )
+    if preset_name(source) is None and os.path.isdir(source):
+        return read_config(source, **runtime)
+    return ModelConfig.from_hf(hf_config_dict(source), **runtime)
+
+
+def parse_mesh(text: str) -> dict[str, int]:
+    """ "data=1,fsdp=8,tensor=1" -> {"data": 1, "fsdp": 8, "tensor": 1}."""
+    out = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = part.partition("=")
+        if not sep:
+            raise ValueError(f"--mesh part {part!r} is not axis=size")
+        out[key.strip()] = int(value)
+    return out
+
+
+def abstract_mesh(mesh_cfg: Mapping[str, int], num_devices: int) -> AbstractMesh:
+    """An AbstractMesh with the project's axes, sized like `sharding.make_mesh` would."""
+    shape = sharding.mesh_shape(mesh_cfg, num_devices)
+    return AbstractMesh(
+        shape, sharding.MESH_AXES, axis_types=(AxisType.Auto,) * len(sharding.MESH_AXES)
+    )
+
+
+# ----------------------------------------------------------------------------- bytes
+
+
+def _is_var(x) -> bool:
+    return isinstance(x, nnx.Variable)
+
+
+def _nbytes(shape, dtype) -> int:
+    return math.prod(shape) * jnp.dtype(dtype).itemsize
+
+
+def tree_bytes(tree) -> int:
+    """Bytes of every array (or ShapeDtypeStruct) in a pytree, all devices together."""
+    return sum(_nbytes(x.shape, x.dtype) for x in jax.tree.leaves(tree))
+
+
+def per_device_bytes(tree, mesh) -> int:
+    """Bytes one device holds of a state pytree placed by `sharding.shard_params`.
+
+    Variables follow their logical axes through the rules table; anything else is
+    replicated. Variables that hold no array (optax's MaskedNode in a multi_transform
+    state) hold nothing.
+    """
+    total = 0
+    for leaf in jax.tree.leaves(tree, is_leaf=_is_var):
+        if _is_var(leaf):
+            value = leaf.get_raw_value()
+            if not hasattr(value, "shape"):
+                continue
+            axes = leaf.get_metadata().get("out_sharding")
+            shard = sharding.logical_to_sharding(axes, mesh, value.shape)
+        else:
+            value, shard = leaf, NamedSharding(mesh, PartitionSpec())
+        total += _nbytes(shard.shard_shape(value.shape), value.dtype)
+    return total
+
+
+def split_by_owner(params, critic_kind: str) -> tuple:
+    """ActorCritic parameters -> (policy part, critic-only part).
+
+    nnx.state lists a trunk shared with the value head under `critic/trunk`; it is the
+    policy's. A separate critic owns everything under `critic`.
+    """
+
+    def critic_only(path) -> bool:
+        return path[0] == "critic" and (critic_kind == "separate" or path[1] == "head")
+
+    flat = list(nnx.to_flat_state(params))
+    policy = [(p, v) for p, v in flat if not critic_only(p)]
+    critic = [(p, v) for p, v in flat if critic_only(p)]
+    return nnx.from_flat_state(policy), nnx.from_flat_state(critic)
+
+
+# ----------------------------------------------------------------------------- the model
+
+
+def abstract_learner(cfg, mc: ModelConfig):
+    """(learner, abstract LearnerState) from the trainer's own constructors, traced only."""
+    from jaxrl_agents.trainer.loop import num_updates
+    from jaxrl_agents.trainer.rl import make_learner
+
+    def build():
+        policy = Transformer(mc, rngs=nnx.Rngs(cfg.seed))
+        return build_actor_critic(policy, cfg.model.critic, rngs=nnx.Rngs(cfg.seed + 1))
+
+    actor_critic = nnx.eval_shape(build)
+    learner = make_learner(
+        cfg,
+        actor_critic,
+        total_updates=max(num_updates(cfg), 1),
+        episodes_per_update=cfg.rollout.episodes_per_batch,
+    )
+    graphdef, state = nnx.split(actor_critic)
+    learner_state = jax.eval_shape(lambda s: learner.init_state(nnx.merge(graphdef, s)), state)
+    return learner, learner_state
+
+
+def microbatch_spec(rows: int, length: int) -> dict:
+    """ShapeDtypeStructs of one micro-batch as `RLLearner.update` hands it to the loss:
+    the Batch fields plus what `prepare` adds."""
+    bt = (rows, length)
+    f32, i32 = jnp.float32, jnp.int32
+    spec = {name: jax.ShapeDtypeStruct(bt, i32) for name in ("input_ids", "positions", "valid")}
+    for name in (
+        "action_mask",
+        "old_logprobs",
+        "rewards",
+        "advantages",
+        "returns",
+        "old_values",
+        "ref_logprobs",
+    ):
+        spec[name] = jax.ShapeDtypeStruct(bt, f32)
+    spec["group_ids"] = jax.ShapeDtypeStruct((rows,), i32)
+    for name in ("won", "truncated", "row_valid"):
+        spec[name] = jax.ShapeDtypeStruct((rows,), f32)
+    return spec
+
+
+def residual_bytes(cfg, mc: ModelConfig, rows: int, length: int) -> int:
+    """Bytes of the residuals `jax.vjp` of the RL loss keeps for `rows` x `length` tokens."""
+    from jaxrl_agents.trainer import rl
+
+    learner, state = abstract_learner(cfg, mc)
+    mb = microbatch_spec(rows, length)
+
+    def pullback(params, mb):
+        def loss(p):
+            return rl.loss_fn(learner.hp, learner.graphdef, p, mb, 0.1, 1.0)[0]
+
+        return jax.vjp(loss, params)[1]
+
+    return tree_bytes(jax.eval_shape(pullback, state.params, mb))
+
+
+def activation_bytes(cfg, mc: ModelConfig, rows: int, length: int) -> dict[str, int]:
+    """Activations of one micro-batch on one device: {"saved": ..., "recompute": ...}.
+
+    saved: residuals that grow with the batch, R(2b) - R(b). recompute (remat only): the
+    residuals of one layer without remat, the working set while the backward pass
+    recomputes a layer (difference between a 2-layer and a 1-layer model).
+    """
+
+    def batch_part(model_cfg):
+        return residual_bytes(cfg, model_cfg, 2 * rows, length) - residual_bytes(
+            cfg, model_cfg, rows, length
+        )
+
+    out = {"saved": batch_part(mc), "recompute": 0}
+    if mc.remat != "none":
+        plain = mc.replace(remat="none")
+        out["recompute"] = batch_part(plain.replace(num_layers=2)) - batch_part(
+            plain.replace(num_layers=1)
+        )
+    return out
+
+
+def kv_cache_spec(
+    cfg, mc: ModelConfig, mesh
+) -> tuple[tuple[int, ...], jax.typing.DTypeLike, jax.sharding.NamedSharding]:
+    """Shape, dtype and sharding of one layer's k (or v) buffer at the largest rollout:
+    `rollout.episodes_per_batch` rows (batch bucket) x `rollout.max_context` (cache bucket),
+    as `Sampler.new_state` / `_place_cache` make it."""
+    from jaxrl_agents.rollout import sampler
+
+    multiple = mesh.shape["data"] * mesh.shape["fsdp"]
+    batch = sampler.bucket(cfg.rollout.episodes_per_batch, sampler.BATCH_BUCKETS, multiple)
+    slots = sampler.bucket(cfg.rollout.max_context, sampler.CACHE_BUCKETS)
+    shape = (batch, mc.num_kv_heads, slots, mc.head_dim)
+    axes = ("batch", "kv_heads", "length", "head_dim")
+    return shape, mc.jnp_dtype, sharding.logical_to_sharding(axes, mesh, shape)
+
+
+# ----------------------------------------------------------------------------- the plan
+
+
+@dataclasses.dataclass
+class Plan:
+    """Per-device bytes of each part (`rows`), the two phases' peaks and the sizes used."""
+
+    rows: dict[str, int]
+    train_peak: int
+    rollout_peak: int
+    info: dict
+
+    @property
+    def peak(self) -> int:
+        return max(self.train_peak, self.rollout_peak)
+
+
+def train_shape(cfg, mesh) -> tuple[int, int, int]:
+    """(micro-batch rows, rows per device, tokens per row) of one training step."""
+    from jaxrl_agents.data.packing import bucket
+
+    minibatch = min(cfg.rl.minibatch_size, cfg.rollout.episodes_per_batch)
+    accum = cfg.rl.grad_accum if minibatch % cfg.rl.grad_accum == 0 else 1
+    micro = minibatch // accum
+    per_device = -(-micro // (mesh.shape["data"] * mesh.shape["fsdp"]))
+    length = bucket(cfg.rollout.max_context, cfg.rollout.length_buckets)
+    return micro, per_device, length
+
+
+def make_plan(cfg, mc: ModelConfig, mesh) -> Plan:
+    _, state = abstract_learner(cfg, mc)
+    policy, critic = split_by_owner(state.params, cfg.model.critic)
+    rows = {
+        "policy parameters": per_device_bytes(policy, mesh),
+        "critic parameters": per_device_bytes(critic, mesh),
+        "reference policy": per_device_bytes(state.ref_params, mesh),
+        "optimizer state": per_device_bytes(state.opt_state, mesh),
+    }
+    counted = ("params", "opt_state", "ref_params")
+    others = {
+        f.name: getattr(state, f.name) for f in dataclasses.fields(state) if f.name not in counted
+    }
+    rows["other learner state"] = per_device_bytes(others, mesh)  # e.g. master weights
+    resident = sum(rows.values())
+    # The update is a scan over micro-batches: the accumulated gradients (carry) and one
+    # micro-batch's gradients are both live when they are added.
+    grads = per_device_bytes(state.params, mesh)
+    rows["gradients (micro-batch)"] = grads
+    rows["gradients (accumulated)"] = grads
+    micro, per_device, length = train_shape(cfg, mesh)
+    act = activation_bytes(cfg, mc, per_device, length)
+    rows["activations (saved for backward)"] = act["saved"]
+    rows["activations (one layer recomputed)"] = act["recompute"]
+    shape, dtype, kv_sharding = kv_cache_spec(cfg, mc, mesh)
+    kv = 2 * mc.num_layers * _nbytes(kv_sharding.shard_shape(shape), dtype)
+    rows["KV cache (rollout)"] = kv
+    # `_compact` (not donated) holds the old and the new cache at once.
+    rows["KV cache copy while compacting"] = kv
+    train_peak = resident + 2 * grads + act["saved"] + act["recompute"]
+    rollout_peak = resident + 2 * kv
+    info = {
+        "model": mc,
+        "mesh": dict(mesh.shape),
+        "num_params": sum(x.size for x in jax.tree.leaves(policy)),
+        "critic_params": sum(x.size for x in jax.tree.leaves(critic)),
+        "micro_batch": micro,
+        "rows_per_device": per_device,
+        "tokens_per_row": length,
+        "kv_cache_shape": (mc.num_layers, 2) + shape,
+        "global_bytes": {
+            "parameters": tree_bytes(state.params),
+            "optimizer state": tree_bytes(state.opt_state),
+            "reference policy": tree_bytes(state.ref_params),
+        },
+    }
+    return Plan(rows, train_peak, rollout_peak, info)
+
+
+def verdict(plan: Plan, device_bytes: int, headroom: float = 0.1) -> tuple[bool, str]:
+    """(fits, sentence): the peak must stay under (1 - headroom) of device memory."""
+    usable = device_bytes * (1.0 - headroom)
+    if plan.peak <= usable:
+        return True, (
+            f"FITS: peak {plan.peak / GIB:.2f} GiB of {device_bytes / GIB:.2f} GiB "
+            f"({100 * plan.peak / device_bytes:.0f}%; {(usable - plan.peak) / GIB:.2f}"
+            f" GiB left under the {100 * headroom:.0f}% headroom)"
+        )
+    return False, (
+        f"DOES NOT FIT: peak {plan.peak / GIB:.2f} GiB of "
+        f"{device_bytes / GIB:.2f} GiB ({100 * plan.peak / device_bytes:.0f}%; "
+        f"{(plan.peak - usable) / GIB:.2f} GiB over with {100 * headroom:.0f}% "
+        "headroom)"
+    )
+
+
+def format_plan(plan: Plan, device_name: str, device_bytes: int, headroom: float = 0.1) -> str:
+    info, mc = plan.info, plan.info["model"]
+    mesh = ", ".join(f"{k}={v}" for k, v in info["mesh"].items())
+    lines = [
+        f"model: {info['num_params'] / 1e9:.3f}B parameters (+{info['critic_params']:,} critic),"
+        f" D={mc.hidden_size} L={mc.num_layers} N={mc.num_heads} K={mc.num_kv_heads} "
+        f"F={mc.intermediate_size} V={mc.vocab_size}, params {mc.param_dtype}, "
+        f"compute {mc.dtype}, remat={mc.remat}",
+        f"mesh: {mesh}; device: {device_name}",
+        f"train micro-batch: {info['micro_batch']} rows x {info['tokens_per_row']} tokens "
+        f"({info['rows_per_device']} rows per device); KV cache [L, k/v, B, K, S, H] = "
+        f"{list(info['kv_cache_shape'])}",
+        "",
+        f"{'per device':<38}{'GiB':>10}",
+    ]
+    lines += [f"  {name:<36}{value / GIB:>10.3f}" for name, value in plan.rows.items()]
+    lines += [
+        f"{'peak, training step':<38}{plan.train_peak / GIB:>10.3f}",
+        f"{'peak, rollout':<38}{plan.rollout_peak / GIB:>10.3f}",
+        "",
+        verdict(plan, device_bytes, headroom)[1],
+    ]
+    if info["micro_batch"] % (info["mesh"]["data"] * info["mesh"]["fsdp"]):
+        lines.append(
+            f"warning: {info['micro_batch']} micro-batch rows do not divide over "
+            "data x fsdp; shard_batch refuses such a batch"
+        )
+    return "\n".join(lines)
