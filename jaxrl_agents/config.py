@@ -35,6 +35,8 @@ CHOICES: dict[str, tuple] = {
     "kl.where": ("reward", "loss"),
     "kl.controller": ("fixed", "adaptive", "warmup"),
     "rl.lr_schedule": ("constant", "linear", "step_decay"),
+    "rl.optimizer_state": ("float32", "int8"),
+    "rl.master_weights": ("none", "float32"),
     "budget.on_mastered": ("harder", "retire", "none"),
     "reward.source": ("verified", "binary", "learned", "weighted"),
     "reward.mix": ("none", "code", "text"),

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 SUPPORTED_ARCHITECTURES = ("Qwen2ForCausalLM", "LlamaForCausalLM")
 _MODEL_TYPES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-# "dots" keeps matmul outputs and recomputes the rest (jax.checkpoint_policies).
+# "dots" keeps weight-matmul outputs and recomputes the rest (transformer.REMAT_POLICIES).
 REMAT_MODES = ("none", "full", "dots")
 # Keys of the `model` config section that are not ModelConfig fields.
 CONFIG_ONLY_KEYS = ("hf_path", "critic")

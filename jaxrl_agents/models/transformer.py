@@ -227,7 +227,8 @@ class Transformer(nnx.Module):
 
     With `scan_layers` the layers live stacked in `self.blocks` (leading axis
     `layers`, size L) and run under `lax.scan`; otherwise in `self.layers`
-    (an `nnx.List`). With `remat` every layer is recomputed in the backward pass.
+    (an `nnx.List`). With `remat` each layer is recomputed in the backward pass, keeping
+    what REMAT_POLICIES says.
     """
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
@@ -332,12 +333,21 @@ class Transformer(nnx.Module):
         return x, (None if cache is None else KVCache(*kv_stack))
 
 
+# model.remat -> what a layer keeps for the backward pass; the rest is recomputed.
+REMAT_POLICIES = {
+    # only the layer's inputs
+    "full": jax.checkpoint_policies.nothing_saveable,
+    # also the outputs of matmuls against weights (q/k/v/o projections, MLP); attention
+    # scores and probabilities (batched dots, [B, K, G, T, S]) are recomputed
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
 def _remat(fn, mode: str):
-    """fn unchanged ("none"), fully recomputed ("full"), or keeping matmul outputs ("dots")."""
+    """fn unchanged ("none"), or under jax.checkpoint with REMAT_POLICIES[mode]."""
     if mode == "none":
         return fn
-    policy = jax.checkpoint_policies.checkpoint_dots if mode == "dots" else None
-    return jax.checkpoint(fn, static_argnums=(0,), policy=policy)
+    return jax.checkpoint(fn, static_argnums=(0,), policy=REMAT_POLICIES[mode])
 
 
 def _stacked_blocks(cfg: ModelConfig, rngs: nnx.Rngs) -> Block:

@@ -5,7 +5,10 @@ from __future__ import annotations
 import jax
 import optax
 
+from jaxrl_agents.trainer.optim8bit import adam_8bit
+
 SCHEDULES = ("constant", "linear", "step_decay")
+OPTIMIZER_STATES = ("float32", "int8")  # Adam moments: float32 | block-wise 8-bit
 
 
 def lr_schedule(kind: str, lr: float, *, total_steps: int, steps_per_decay: int = 0):
@@ -23,10 +26,19 @@ def lr_schedule(kind: str, lr: float, *, total_steps: int, steps_per_decay: int 
     raise ValueError(f"rl.lr_schedule {kind!r}; allowed: {list(SCHEDULES)}")
 
 
-def adam(schedule, max_grad_norm: float = 0.0) -> optax.GradientTransformation:
-    """Adam with optional global-norm gradient clipping."""
+def _adam(schedule, state: str) -> optax.GradientTransformation:
+    if state == "float32":
+        return optax.adam(schedule)
+    if state == "int8":
+        return adam_8bit(schedule)
+    raise ValueError(f"rl.optimizer_state {state!r}; allowed: {list(OPTIMIZER_STATES)}")
+
+
+def adam(schedule, max_grad_norm: float = 0.0, state: str = "float32"):
+    """Adam with optional global-norm gradient clipping; `state` is the moments' storage
+    (float32, or int8: optim8bit's block-wise 8-bit moments)."""
     parts = [optax.clip_by_global_norm(max_grad_norm)] if max_grad_norm > 0 else []
-    return optax.chain(*parts, optax.adam(schedule))
+    return optax.chain(*parts, _adam(schedule, state))
 
 
 def _top_level_name(path) -> str:
@@ -34,13 +46,15 @@ def _top_level_name(path) -> str:
     return str(getattr(key, "key", getattr(key, "name", key)))
 
 
-def actor_critic_adam(policy_schedule, critic_schedule, max_grad_norm: float = 0.0):
+def actor_critic_adam(
+    policy_schedule, critic_schedule, max_grad_norm: float = 0.0, state: str = "float32"
+):
     """Adam with one learning rate for the policy and another for the critic.
 
     Labels come from the top-level name of each parameter in an ActorCritic state:
     "critic" (the value head, and the critic's own trunk when it is separate) or
     "policy" (everything else, including a trunk shared with the value head). The
-    gradient-norm clip is global, over both.
+    gradient-norm clip is global, over both. `state` is the moments' storage, as in `adam`.
     """
 
     def labels(params):
@@ -50,6 +64,7 @@ def actor_critic_adam(policy_schedule, critic_schedule, max_grad_norm: float = 0
 
     parts = [optax.clip_by_global_norm(max_grad_norm)] if max_grad_norm > 0 else []
     split = optax.multi_transform(
-        {"policy": optax.adam(policy_schedule), "critic": optax.adam(critic_schedule)}, labels
+        {"policy": _adam(policy_schedule, state), "critic": _adam(critic_schedule, state)},
+        labels,
     )
     return optax.chain(*parts, split)

@@ -88,7 +88,8 @@ class LearnerState:
 
     params: nnx.State of the ActorCritic; opt_state: optax state; ref_params: nnx.State
     of the frozen reference policy; step: optimizer steps taken; skipped: steps skipped
-    for a non-finite loss or gradient.
+    for a non-finite loss or gradient; master: float32 copy of `params` that the optimizer
+    updates (rl.master_weights = float32, for bfloat16 params), else None.
     """
 
     params: Any
@@ -96,6 +97,7 @@ class LearnerState:
     ref_params: Any
     step: jax.Array
     skipped: jax.Array
+    master: Any = None
 
 
 def _forward(model, batch: dict):
@@ -217,26 +219,67 @@ def _tree_all_finite(tree) -> jax.Array:
     return jnp.all(jnp.stack(leaves))
 
 
+def _cast_like(tree, like):
+    """`tree` with every leaf cast to the dtype of the matching leaf of `like`."""
+    return jax.tree.map(lambda x, y: x.astype(y.dtype), tree, like)
+
+
+def apply_gradients(tx, grads, opt_state, params, master=None):
+    """One optimizer step -> (params, master, opt_state).
+
+    Without a master copy the optimizer updates `params` themselves. With one (float32
+    copies of bfloat16 params) it updates the master copy and `params` become its cast, so
+    steps smaller than a parameter's bfloat16 spacing still add up.
+    """
+    trainable = params if master is None else master
+    updates, opt_state = tx.update(grads, opt_state, trainable)
+    trainable = optax.apply_updates(trainable, updates)
+    return _cast_like(trainable, params), (None if master is None else trainable), opt_state
+
+
+def _micro_weights(hp: RLHyper, micro: dict) -> jax.Array:
+    """[A] weights of the micro-batches' losses: their share of the minibatch's action
+    tokens (token-mean) or of its rows with action tokens (seq-mean-*), so that the
+    accumulated gradient is the gradient of the whole minibatch's loss."""
+    mask = micro["action_mask"]  # (A, b, T)
+    if hp.loss_agg == "token-mean":
+        counts = mask.sum(axis=(1, 2))
+    else:
+        counts = (mask.sum(axis=2) > 0).sum(axis=1)
+    counts = counts.astype(jnp.float32)
+    return counts / jnp.maximum(counts.sum(), 1.0)
+
+
 def train_step(hp, graphdef, tx, state: LearnerState, micro: dict, kl_coef, policy_coef):
     """One optimizer step over a minibatch split as micro-batches (arrays [A, b, T]).
 
-    Gradients are averaged over the A micro-batches; a non-finite loss or gradient skips
-    the step (parameters and optimizer state unchanged, `skipped` incremented).
+    Gradients of the A micro-batches are summed with `_micro_weights`; with a master copy
+    they are taken with respect to it (the forward pass runs on its cast). A non-finite
+    loss or gradient skips the step (parameters and optimizer state unchanged, `skipped`
+    incremented).
     """
-    grad_fn = jax.value_and_grad(functools.partial(loss_fn, hp, graphdef), has_aux=True)
+    trainable = state.params if state.master is None else state.master
 
-    def accumulate(grads_sum, mb):
-        (_, metrics), grads = grad_fn(state.params, mb, kl_coef, policy_coef)
-        return jax.tree.map(jnp.add, grads_sum, grads), metrics
+    def loss_of(trainable, mb):
+        params = _cast_like(trainable, state.params)
+        return loss_fn(hp, graphdef, params, mb, kl_coef, policy_coef)
 
-    zeros = jax.tree.map(jnp.zeros_like, state.params)
-    grads, metrics = jax.lax.scan(accumulate, zeros, micro)
-    num_micro = jax.tree.leaves(micro)[0].shape[0]
-    grads = jax.tree.map(lambda g: g / num_micro, grads)
-    metrics = jax.tree.map(jnp.mean, metrics)
+    grad_fn = jax.value_and_grad(loss_of, has_aux=True)
+
+    def accumulate(grads_sum, mb_and_weight):
+        mb, weight = mb_and_weight
+        (_, metrics), grads = grad_fn(trainable, mb)
+        grads_sum = jax.tree.map(lambda s, g: s + (weight * g).astype(s.dtype), grads_sum, grads)
+        return grads_sum, metrics
+
+    zeros = jax.tree.map(jnp.zeros_like, trainable)
+    weights = _micro_weights(hp, micro)
+    grads, metrics = jax.lax.scan(accumulate, zeros, (micro, weights))
+    metrics = jax.tree.map(lambda m: jnp.sum(weights * m), metrics)
     finite = _tree_all_finite(grads) & jnp.isfinite(metrics["losses/total"])
-    updates, new_opt = tx.update(grads, state.opt_state, state.params)
-    new_params = optax.apply_updates(state.params, updates)
+    new_params, new_master, new_opt = apply_gradients(
+        tx, grads, state.opt_state, state.params, state.master
+    )
     keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
     metrics["losses/grad_norm"] = optax.tree.norm(grads)
     metrics["losses/skipped"] = 1.0 - finite.astype(jnp.float32)
@@ -246,6 +289,7 @@ def train_step(hp, graphdef, tx, state: LearnerState, micro: dict, kl_coef, poli
         ref_params=state.ref_params,
         step=state.step + 1,
         skipped=state.skipped + (1 - finite.astype(jnp.int32)),
+        master=keep(new_master, state.master),
     )
     return new_state, metrics
 
@@ -273,6 +317,7 @@ class RLLearner:
         kl: KLController | None = None,
         value_warmup_updates: int = 0,
         mesh: jax.sharding.Mesh | None = None,
+        master_weights: bool = False,
     ):
         if minibatch_size % grad_accum:
             raise ValueError(
@@ -287,6 +332,7 @@ class RLLearner:
         self.kl = kl or KLController("fixed", 0.0)
         self.value_warmup_updates = value_warmup_updates
         self.mesh = mesh
+        self.master_weights = master_weights  # keep a float32 copy for the optimizer
         self.graphdef, _ = nnx.split(actor_critic)
         self.ref_graphdef, _ = nnx.split(actor_critic.policy)
         self._prepare = jax.jit(functools.partial(prepare, hp, self.graphdef, self.ref_graphdef))
@@ -301,12 +347,16 @@ class RLLearner:
         # and donated buffers must be distinct.
         params = jax.tree.map(jnp.copy, nnx.state(actor_critic))
         ref_params = jax.tree.map(jnp.copy, nnx.state(actor_critic.policy))
+        master = None
+        if self.master_weights:
+            master = jax.tree.map(lambda x: x.astype(jnp.float32), params)
         state = LearnerState(
             params=params,
-            opt_state=self.tx.init(params),
+            opt_state=self.tx.init(params if master is None else master),
             ref_params=ref_params,
             step=jnp.zeros((), jnp.int32),
             skipped=jnp.zeros((), jnp.int32),
+            master=master,
         )
         # On a mesh: every leaf placed as the update leaves it (one compilation per shape).
         return state if self.mesh is None else sharding.shard_params(state, self.mesh)
@@ -378,7 +428,10 @@ def make_learner(
         )
 
     tx = optim.actor_critic_adam(
-        schedule(cfg.rl.learning_rate), schedule(cfg.rl.critic_learning_rate), cfg.rl.max_grad_norm
+        schedule(cfg.rl.learning_rate),
+        schedule(cfg.rl.critic_learning_rate),
+        cfg.rl.max_grad_norm,
+        state=cfg.rl.optimizer_state,
     )
     return RLLearner(
         actor_critic,
@@ -389,5 +442,6 @@ def make_learner(
         grad_accum=cfg.rl.grad_accum,
         kl=KLController.from_config(cfg.kl),
         value_warmup_updates=cfg.rl.value_warmup_updates,
+        master_weights=cfg.rl.master_weights == "float32",
         mesh=mesh,
     )

@@ -76,7 +76,8 @@ def _grads_by_name(model, ids, mask):
 
 @pytest.mark.parametrize("options", [dict(remat="full"), dict(remat="dots"),
                                      dict(scan_layers=True),
-                                     dict(scan_layers=True, remat="full")], ids=str)
+                                     dict(scan_layers=True, remat="full"),
+                                     dict(scan_layers=True, remat="dots")], ids=str)
 def test_remat_and_scan_give_same_gradients(tmp_path, options):
     plain = _model()
     path = hf_io.save(plain, plain.config, str(tmp_path / "ckpt"))
@@ -89,6 +90,33 @@ def test_remat_and_scan_give_same_gradients(tmp_path, options):
     assert want.keys() == got.keys()
     for name in want:
         np.testing.assert_allclose(got[name], want[name], atol=1e-6, err_msg=name)
+
+
+def test_every_remat_mode_is_a_jax_checkpoint_policy():
+    from jaxrl_agents.models.config import REMAT_MODES
+    from jaxrl_agents.models.transformer import REMAT_POLICIES
+
+    assert set(REMAT_POLICIES) | {"none"} == set(REMAT_MODES)
+    policies = vars(jax.checkpoint_policies).values()
+    assert all(any(p is q for q in policies) for p in REMAT_POLICIES.values())
+
+
+def _backward_temp_bytes(cfg, length):
+    """XLA's compiled temp memory of the loss gradient at one sequence length."""
+    graphdef, state = nnx.split(_model(cfg))
+    ids = jnp.ones((1, length), jnp.int32)
+    grad = jax.jit(jax.grad(lambda s: nnx.merge(graphdef, s)(ids).mean()))
+    return grad.lower(state).compile().memory_analysis().temp_size_in_bytes
+
+
+def test_remat_lowers_backward_memory_at_long_sequences():
+    """Scanned 4-layer model at T = 512. Measured (XLA:CPU): none 34 MiB, full 9.1, dots
+    10.9 (keeping the batched attention dots too would take 21). The unrolled layer loop
+    (scan_layers=False) showed no saving on XLA:CPU: 91 MiB none, 100 full at T = 1024."""
+    cfg = TINY.replace(num_layers=4, scan_layers=True)
+    none, full, dots = (_backward_temp_bytes(cfg.replace(remat=m), 512)
+                        for m in ("none", "full", "dots"))
+    assert full < dots < 0.5 * none, (none, full, dots)
 
 
 def test_bfloat16_forward_stays_close(tmp_path):
