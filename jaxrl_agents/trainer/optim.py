@@ -41,9 +41,30 @@ def adam(schedule, max_grad_norm: float = 0.0, state: str = "float32"):
     return optax.chain(*parts, _adam(schedule, state))
 
 
-def _top_level_name(path) -> str:
-    key = path[0]
+def _key_name(key) -> str:
     return str(getattr(key, "key", getattr(key, "name", key)))
+
+
+def actor_critic_labels(params):
+    """"policy" / "critic" for every parameter of an ActorCritic state.
+
+    "critic": the value head, and the critic's own trunk when it is separate. "policy":
+    everything else. A trunk shared with the value head is the policy's: NNX lists a shared
+    module once, possibly under critic/trunk (then no "policy" subtree exists at all), so a
+    critic/trunk parameter counts as the critic's only when a policy subtree exists beside it.
+    """
+    paths = [path for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+    shared_trunk = not any(_key_name(path[0]) == "policy" for path in paths)
+
+    def label(path, _):
+        names = [_key_name(k) for k in path]
+        if names[0] != "critic":
+            return "policy"
+        if len(names) > 1 and names[1] == "trunk" and shared_trunk:
+            return "policy"
+        return "critic"
+
+    return jax.tree_util.tree_map_with_path(label, params)
 
 
 def actor_critic_adam(
@@ -51,20 +72,15 @@ def actor_critic_adam(
 ):
     """Adam with one learning rate for the policy and another for the critic.
 
-    Labels come from the top-level name of each parameter in an ActorCritic state:
-    "critic" (the value head, and the critic's own trunk when it is separate) or
-    "policy" (everything else, including a trunk shared with the value head). The
-    gradient-norm clip is global, over both. `state` is the moments' storage, as in `adam`.
+    Labels come from `actor_critic_labels`: the value head (and a separate critic's trunk)
+    train at the critic's rate, everything else, a trunk shared with the value head
+    included, at the policy's. The gradient-norm clip is global, over both. `state` is the
+    moments' storage, as in `adam`.
     """
-
-    def labels(params):
-        return jax.tree_util.tree_map_with_path(
-            lambda path, _: "critic" if _top_level_name(path) == "critic" else "policy", params
-        )
 
     parts = [optax.clip_by_global_norm(max_grad_norm)] if max_grad_norm > 0 else []
     split = optax.multi_transform(
         {"policy": _adam(policy_schedule, state), "critic": _adam(critic_schedule, state)},
-        labels,
+        actor_critic_labels,
     )
     return optax.chain(*parts, split)
