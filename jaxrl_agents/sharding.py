@@ -105,30 +105,40 @@ def _is_var(x):
     return isinstance(x, nnx.Variable)
 
 
-def _leaf_sharding(leaf, mesh):
-    """Sharding of one state leaf: from a Variable's `out_sharding`, else replicated."""
-    if _is_var(leaf):
-        axes = leaf.get_metadata().get("out_sharding")
-        return logical_to_sharding(axes, mesh, leaf.shape)
-    return NamedSharding(mesh, PartitionSpec())
+def _is_array(x) -> bool:
+    return isinstance(x, jax.Array | np.ndarray | jax.ShapeDtypeStruct)
+
+
+def _map_arrays(fn, tree, mesh):
+    """`tree` with `fn(array, sharding)` in place of every array, each array with the
+    sharding the rules give it: a Variable's from its `out_sharding` axes, any other
+    array replicated. Variables that hold no array (optax's MaskedNode placeholders in
+    a multi_transform state) and leaves that are not arrays are kept as they are."""
+
+    def visit(leaf):
+        if _is_var(leaf):
+            value = leaf.get_raw_value()
+            if not _is_array(value):
+                return leaf
+            axes = leaf.get_metadata().get("out_sharding")
+            return leaf.replace(fn(value, logical_to_sharding(axes, mesh, value.shape)))
+        if _is_array(leaf):
+            return fn(leaf, NamedSharding(mesh, PartitionSpec()))
+        return leaf
+
+    return jax.tree.map(visit, tree, is_leaf=_is_var)
 
 
 def state_shardings(state, mesh):
-    """The same pytree with a NamedSharding in place of every array."""
+    """The same pytree with a NamedSharding in place of every array (Variables keep
+    their wrapper): usable as jit's in/out_shardings for that state."""
     if isinstance(state, nnx.Module):
         state = nnx.state(state)
-    return jax.tree.map(lambda v: _leaf_sharding(v, mesh), state, is_leaf=_is_var)
+    return _map_arrays(lambda _, shard: shard, state, mesh)
 
 
 def _place(tree, mesh):
-    def put(leaf):
-        if _is_var(leaf):
-            return leaf.replace(jax.device_put(leaf[...], _leaf_sharding(leaf, mesh)))
-        if isinstance(leaf, jax.Array | np.ndarray):
-            return jax.device_put(leaf, NamedSharding(mesh, PartitionSpec()))
-        return leaf
-
-    return jax.tree.map(put, tree, is_leaf=_is_var)
+    return _map_arrays(jax.device_put, tree, mesh)
 
 
 def shard_params(model_or_state, mesh):
@@ -144,7 +154,8 @@ def shard_params(model_or_state, mesh):
 
 def shard_optimizer_state(opt_state, mesh):
     """Place optimizer state: moment Variables follow their parameter's logical axes
-    (nnx.Optimizer copies them), everything else (counts, scalars) is replicated.
+    (optax copies the parameters' Variables), everything else (counts, scalars) is
+    replicated; the MaskedNode placeholders of an optax.multi_transform state stay.
 
     Accepts an nnx.Optimizer (updated in place and returned) or a state pytree.
     """

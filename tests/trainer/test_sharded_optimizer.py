@@ -1,0 +1,175 @@
+"""The learner's own optimizer (actor_critic_adam: optax.multi_transform over policy and
+critic, float32 or int8 moments) placed on 8 host CPU devices.
+
+XLA_FLAGS must be set before JAX starts, so the checks run in a child process (this file
+run as a script, as in tests/test_sharding.py); the pytest tests read its report.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+STATES = ["float32", "int8"]
+MESH = (2, 2, 2)  # (data, fsdp, tensor)
+
+
+@pytest.fixture(scope="module")
+def report():
+    env = dict(
+        os.environ,
+        XLA_FLAGS="--xla_force_host_platform_device_count=8",
+        JAX_PLATFORMS="cpu",
+        PYTHONPATH=ROOT,
+    )
+    proc = subprocess.run(
+        [sys.executable, os.path.abspath(__file__)],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("state", STATES)
+def test_shard_optimizer_state_places_the_multi_transform_state(report, state):
+    result = report[state]["shard_optimizer_state"]
+    assert result["error"] is None, result["error"]
+    assert result["arrays"] > 0 and result["all_on_mesh"]
+    if state == "float32":  # every moment split like its parameter
+        assert result["moments"] == 2 * result["params"]
+        assert result["moments_like_params"] == result["moments"]
+
+
+@pytest.mark.parametrize("state", STATES)
+def test_learner_on_the_mesh_matches_one_device(report, state):
+    result = report[state]["learner"]
+    assert result["error"] is None, result["error"]
+    step = result["step_size"]
+    assert step > 0
+    # Summation order differs across devices. Adam's step g / (|g| + eps) amplifies that
+    # noise where |g| ~ eps, and an int8 code can round the other way: a few entries differ
+    # by a little, the rest agree.
+    assert result["params_diff"] <= 0.05 * step, result
+    assert result["share_off"] <= 2e-3, result
+
+
+# ----------------------------------------------------------------------------- child
+
+
+def _model():
+    from flax import nnx
+
+    from jaxrl_agents.models import ModelConfig, Transformer, build_actor_critic
+
+    # Sizes whose 8-bit Adam block counts (size / 256) are multiples of 8.
+    cfg = ModelConfig(
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=256,
+        num_layers=1,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+    )
+    return build_actor_critic(Transformer(cfg, rngs=nnx.Rngs(0)), "head", rngs=nnx.Rngs(1))
+
+
+def _tx(state):
+    import optax
+
+    from jaxrl_agents.trainer.optim import actor_critic_adam
+
+    lr = optax.constant_schedule(1e-3)
+    return actor_critic_adam(lr, lr, max_grad_norm=1.0, state=state)
+
+
+def _attempt(fn, *args):
+    """fn(*args) -> dict, or {"error": ...} with the exception's text."""
+    try:
+        return {"error": None, **fn(*args)}
+    except Exception as err:  # reported to the parent, which shows it
+        return {"error": f"{type(err).__name__}: {err}"}
+
+
+def _shard_optimizer_state(ac, state, mesh):
+    import jax
+    from flax import nnx
+
+    from jaxrl_agents import sharding
+
+    params = sharding.shard_params(nnx.state(ac), mesh)
+    placed = sharding.shard_optimizer_state(_tx(state).init(nnx.state(ac)), mesh)
+    arrays = jax.tree.leaves(placed)
+    param_vars = {path: var for path, var in nnx.to_flat_state(params)}
+    moments = like = 0
+    for path, leaf in jax.tree_util.tree_flatten_with_path(
+        placed, is_leaf=lambda x: isinstance(x, nnx.Variable)
+    )[0]:
+        if not isinstance(leaf, nnx.Variable) or not hasattr(leaf.get_raw_value(), "shape"):
+            continue
+        # a moment's path ends with its parameter's path
+        names = tuple(getattr(k, "key", getattr(k, "name", k)) for k in path)
+        param = next(v for p, v in param_vars.items() if names[-len(p) :] == p)
+        moments += 1
+        like += leaf[...].sharding.is_equivalent_to(param[...].sharding, param.ndim)
+    return {
+        "arrays": len(arrays),
+        "all_on_mesh": all(x.sharding.mesh == mesh for x in arrays),
+        "params": len(param_vars),
+        "moments": moments,
+        "moments_like_params": like,
+    }
+
+
+def _learner(ac, state, mesh, batch):
+    import jax
+    import numpy as np
+
+    from jaxrl_agents.trainer.rl import RLHyper, RLLearner
+
+    def flat(params):
+        return np.concatenate([np.asarray(x, np.float32).ravel() for x in jax.tree.leaves(params)])
+
+    def two_updates(mesh):
+        """Parameters before and after two updates (the second reads quantised moments)."""
+        learner = RLLearner(ac, RLHyper(), _tx(state), minibatch_size=8, mesh=mesh)
+        state_ = learner.init_state(ac)
+        before = flat(state_.params)
+        for i in range(2):
+            state_, _ = learner.update(state_, batch, jax.random.key(i))
+        return before, flat(state_.params)
+
+    before, ref = two_updates(None)
+    _, got = two_updates(mesh)
+    step, diff = float(np.abs(ref - before).max()), np.abs(ref - got)
+    return {
+        "step_size": step,
+        "params_diff": float(diff.max()),
+        "share_off": float(np.mean(diff > 1e-2 * step)),
+    }
+
+
+def _child():
+    from jaxrl_agents import sharding
+    from tests.trainer.helpers import random_batch
+
+    mesh = sharding.make_mesh(dict(zip(sharding.MESH_AXES, MESH)))
+    ac, batch = _model(), random_batch(0)
+    out = {}
+    for state in STATES:
+        out[state] = {
+            "shard_optimizer_state": _attempt(_shard_optimizer_state, ac, state, mesh),
+            "learner": _attempt(_learner, ac, state, mesh, batch),
+        }
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    _child()
