@@ -28,7 +28,7 @@ CHOICES: dict[str, tuple] = {
     "tokenizer.chat_template": ("chat", "plain"),
     "env.family": ("textworld", "alfworld", "code", "toy"),
     "env.reward_density": ("sparse", "every_k", "dense"),
-    "env.obs_format": ("template", "raw"),
+    "env.obs_format": ("template", "compact", "raw"),
     "algo.estimator": ("gae", "turn_gae", "bilevel_gae", "rloo", "grpo", "reinforce_pp"),
     "algo.loss_agg": ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean"),
     "kl.kind": ("k1", "k2", "k3"),
@@ -37,9 +37,9 @@ CHOICES: dict[str, tuple] = {
     "rl.lr_schedule": ("constant", "linear", "step_decay"),
     "rl.optimizer_state": ("float32", "int8"),
     "rl.master_weights": ("none", "float32"),
-    "budget.on_mastered": ("harder", "retire", "none"),
     "reward.source": ("verified", "binary", "learned", "weighted"),
     "reward.mix": ("none", "code", "text"),
+    "budget.on_mastered": ("harder", "retire", "none"),
 }
 
 _PREFIX = "--config."
