@@ -6,6 +6,10 @@ logically (`embed`, `vocab`, `heads`, ...); `LOGICAL_AXIS_RULES` is the one
 table that maps those names onto mesh axes. A dimension that the mesh axis
 does not divide evenly stays replicated (e.g. one kv head on tensor=2).
 
+Optimizer state that is not laid out like a parameter names its axes too: a pytree
+node with a `logical_axes` attribute (one tuple of names per child, e.g. the
+block-quantised moments of `trainer.optim8bit`) is placed by those names.
+
 Typical use::
 
     mesh = make_mesh(cfg.mesh)
@@ -39,6 +43,7 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("head_dim", None),
     ("mlp", "tensor"),
     ("layers", None),
+    ("moment_blocks", BATCH_AXES),  # blocks of an 8-bit Adam moment: ZeRO-style split
 )
 _RULES = dict(LOGICAL_AXIS_RULES)
 
@@ -109,11 +114,20 @@ def _is_array(x) -> bool:
     return isinstance(x, jax.Array | np.ndarray | jax.ShapeDtypeStruct)
 
 
+def _has_logical_axes(x) -> bool:
+    return isinstance(x, tuple) and hasattr(x, "logical_axes")
+
+
+def _is_placed_node(x) -> bool:
+    return _is_var(x) or _has_logical_axes(x)
+
+
 def _map_arrays(fn, tree, mesh):
     """`tree` with `fn(array, sharding)` in place of every array, each array with the
-    sharding the rules give it: a Variable's from its `out_sharding` axes, any other
-    array replicated. Variables that hold no array (optax's MaskedNode placeholders in
-    a multi_transform state) and leaves that are not arrays are kept as they are."""
+    sharding the rules give it: a Variable's from its `out_sharding` axes, the children
+    of a node with `logical_axes` from those, any other array replicated. Variables that
+    hold no array (optax's MaskedNode placeholders in a multi_transform state) and leaves
+    that are not arrays are kept as they are."""
 
     def visit(leaf):
         if _is_var(leaf):
@@ -122,11 +136,15 @@ def _map_arrays(fn, tree, mesh):
                 return leaf
             axes = leaf.get_metadata().get("out_sharding")
             return leaf.replace(fn(value, logical_to_sharding(axes, mesh, value.shape)))
+        if _has_logical_axes(leaf):
+            return type(leaf)(
+                *(fn(x, logical_to_sharding(axes, mesh, x.shape))
+                  for x, axes in zip(leaf, leaf.logical_axes, strict=True)))
         if _is_array(leaf):
             return fn(leaf, NamedSharding(mesh, PartitionSpec()))
         return leaf
 
-    return jax.tree.map(visit, tree, is_leaf=_is_var)
+    return jax.tree.map(visit, tree, is_leaf=_is_placed_node)
 
 
 def state_shardings(state, mesh):
@@ -156,6 +174,8 @@ def shard_optimizer_state(opt_state, mesh):
     """Place optimizer state: moment Variables follow their parameter's logical axes
     (optax copies the parameters' Variables), everything else (counts, scalars) is
     replicated; the MaskedNode placeholders of an optax.multi_transform state stay.
+    8-bit moments (`trainer.optim8bit`) are split along their blocks over ('data',
+    'fsdp') where that divides their number of blocks.
 
     Accepts an nnx.Optimizer (updated in place and returned) or a state pytree.
     """

@@ -26,6 +26,12 @@ rounded a small v to 0 would turn its update into m / eps.
 The update itself is computed from the float32 moments before they are re-quantised, as
 bitsandbytes does. State per parameter: 2 bytes plus 12 bytes per block (about 2.05
 bytes at block_size 256, against 8 for float32 Adam).
+
+On a mesh the blocks are split over ('data', 'fsdp') (logical axis `moment_blocks` in
+`sharding.LOGICAL_AXIS_RULES`), ZeRO style, so the state per device shrinks with both.
+A leaf whose number of blocks that split does not divide stays replicated; no blocks are
+padded in, so only small leaves (norm scales, biases: a few blocks) are replicated, e.g.
+every Qwen2.5 weight matrix has a multiple of 64 blocks.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ class SignedBlocks(NamedTuple):
 
     codes: jax.Array
     absmax: jax.Array
+    logical_axes = (("moment_blocks", None), ("moment_blocks",))  # per child, for sharding
 
 
 class LogBlocks(NamedTuple):
@@ -55,6 +62,7 @@ class LogBlocks(NamedTuple):
     codes: jax.Array
     lo: jax.Array
     hi: jax.Array
+    logical_axes = (("moment_blocks", None), ("moment_blocks",), ("moment_blocks",))
 
 
 def to_blocks(x, block_size: int = BLOCK_SIZE):

@@ -337,12 +337,30 @@ class RLLearner:
         self.ref_graphdef, _ = nnx.split(actor_critic.policy)
         self._prepare = jax.jit(functools.partial(prepare, hp, self.graphdef, self.ref_graphdef))
         self._train_step = jax.jit(
-            functools.partial(train_step, hp, self.graphdef, tx), donate_argnums=(0,)
+            functools.partial(train_step, hp, self.graphdef, tx),
+            donate_argnums=(0,),
+            **self._step_shardings(actor_critic),
         )
         self.updates = 0
 
+    def _step_shardings(self, actor_critic) -> dict:
+        """On a mesh, jit's out_shardings for train_step: the new state placed as
+        `init_state` places it (left to XLA, the 8-bit moments' blocks would come back in
+        another layout and the next step would compile again), metrics replicated."""
+        if self.mesh is None:
+            return {}
+        graphdef, params = nnx.split(actor_critic)
+        abstract = jax.eval_shape(lambda p: self._fresh_state(nnx.merge(graphdef, p)), params)
+        replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
+        return {"out_shardings": (sharding.state_shardings(abstract, self.mesh), replicated)}
+
     def init_state(self, actor_critic) -> LearnerState:
         """Fresh optimizer state; the reference policy is a frozen copy of the policy now."""
+        state = self._fresh_state(actor_critic)
+        # On a mesh: every leaf placed as the update leaves it (one compilation per shape).
+        return state if self.mesh is None else sharding.shard_params(state, self.mesh)
+
+    def _fresh_state(self, actor_critic) -> LearnerState:
         # Copies: a separate critic starts as a clone whose arrays alias the policy's,
         # and donated buffers must be distinct.
         params = jax.tree.map(jnp.copy, nnx.state(actor_critic))
@@ -350,7 +368,7 @@ class RLLearner:
         master = None
         if self.master_weights:
             master = jax.tree.map(lambda x: x.astype(jnp.float32), params)
-        state = LearnerState(
+        return LearnerState(
             params=params,
             opt_state=self.tx.init(params if master is None else master),
             ref_params=ref_params,
@@ -358,8 +376,6 @@ class RLLearner:
             skipped=jnp.zeros((), jnp.int32),
             master=master,
         )
-        # On a mesh: every leaf placed as the update leaves it (one compilation per shape).
-        return state if self.mesh is None else sharding.shard_params(state, self.mesh)
 
     def _device_arrays(self, batch: Batch) -> dict:
         if self.mesh is None:

@@ -15,6 +15,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STATES = ["float32", "int8"]
 MESH = (2, 2, 2)  # (data, fsdp, tensor)
+INT8_MESHES = [(2, 2, 2), (1, 8, 1)]
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +59,19 @@ def test_learner_on_the_mesh_matches_one_device(report, state):
     # by a little, the rest agree.
     assert result["params_diff"] <= 0.05 * step, result
     assert result["share_off"] <= 2e-3, result
+    # the state comes back placed as it went in: one compiled step
+    assert result["same_shardings_after"] and result["train_step_compiles"] == 1
+
+
+@pytest.mark.parametrize("mesh", INT8_MESHES, ids=str)
+def test_int8_moments_are_split_over_data_and_fsdp(report, mesh):
+    result = report["int8_bytes"][str(list(mesh))]
+    assert result["error"] is None, result["error"]
+    # every leaf by the rule: its blocks split n = data * fsdp ways where n divides them
+    assert result["per_device"] == result["expected_per_device"], result
+    share = result["per_device"] / result["global"]
+    n = mesh[0] * mesh[1]
+    assert share < 1.5 / n, share  # only a few one-block leaves (norms, biases) replicated
 
 
 # ----------------------------------------------------------------------------- child
@@ -137,22 +151,59 @@ def _learner(ac, state, mesh, batch):
     def flat(params):
         return np.concatenate([np.asarray(x, np.float32).ravel() for x in jax.tree.leaves(params)])
 
+    def shardings(tree):
+        return [x.sharding for x in jax.tree.leaves(tree)]
+
     def two_updates(mesh):
         """Parameters before and after two updates (the second reads quantised moments)."""
         learner = RLLearner(ac, RLHyper(), _tx(state), minibatch_size=8, mesh=mesh)
         state_ = learner.init_state(ac)
-        before = flat(state_.params)
+        before, placed = flat(state_.params), shardings(state_)
         for i in range(2):
             state_, _ = learner.update(state_, batch, jax.random.key(i))
-        return before, flat(state_.params)
+        same = all(
+            a.is_equivalent_to(b, x.ndim)
+            for a, b, x in zip(placed, shardings(state_), jax.tree.leaves(state_))
+        )
+        return before, flat(state_.params), same, learner._train_step._cache_size()
 
-    before, ref = two_updates(None)
-    _, got = two_updates(mesh)
+    before, ref, _, _ = two_updates(None)
+    _, got, same, compiles = two_updates(mesh)
     step, diff = float(np.abs(ref - before).max()), np.abs(ref - got)
     return {
         "step_size": step,
         "params_diff": float(diff.max()),
         "share_off": float(np.mean(diff > 1e-2 * step)),
+        "same_shardings_after": same,
+        "train_step_compiles": compiles,
+    }
+
+
+def _int8_bytes(ac, mesh_shape):
+    """Bytes of the learner's int8 optimizer state: on the first device, all devices
+    together, and what splitting each moment's blocks data * fsdp ways should give."""
+    import jax
+
+    from jaxrl_agents import sharding
+    from jaxrl_agents.trainer.optim8bit import LogBlocks, SignedBlocks
+    from jaxrl_agents.trainer.rl import RLHyper, RLLearner
+
+    mesh = sharding.make_mesh(dict(zip(sharding.MESH_AXES, mesh_shape)))
+    opt_state = RLLearner(ac, RLHyper(), _tx("int8"), mesh=mesh).init_state(ac).opt_state
+    n = mesh_shape[0] * mesh_shape[1]
+    expected = 0
+    for node in jax.tree.leaves(
+        opt_state, is_leaf=lambda x: isinstance(x, SignedBlocks | LogBlocks)
+    ):
+        if isinstance(node, SignedBlocks | LogBlocks):
+            split = node.codes.shape[0] % n == 0
+            expected += sum(x.nbytes // (n if split else 1) for x in node)
+        else:
+            expected += node.nbytes
+    return {
+        "per_device": sum(x.addressable_shards[0].data.nbytes for x in jax.tree.leaves(opt_state)),
+        "global": sum(x.nbytes for x in jax.tree.leaves(opt_state)),
+        "expected_per_device": expected,
     }
 
 
@@ -168,6 +219,7 @@ def _child():
             "shard_optimizer_state": _attempt(_shard_optimizer_state, ac, state, mesh),
             "learner": _attempt(_learner, ac, state, mesh, batch),
         }
+    out["int8_bytes"] = {str(list(m)): _attempt(_int8_bytes, ac, m) for m in INT8_MESHES}
     print(json.dumps(out))
 
 
