@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import optax
 
 from jaxrl_agents.trainer.optim8bit import adam_8bit
@@ -26,9 +27,32 @@ def lr_schedule(kind: str, lr: float, *, total_steps: int, steps_per_decay: int 
     raise ValueError(f"rl.lr_schedule {kind!r}; allowed: {list(SCHEDULES)}")
 
 
+def _in_float32(tx: optax.GradientTransformation) -> optax.GradientTransformation:
+    """`tx` run in float32: its state starts from float32 copies of the parameters and
+    it reads float32 casts of the gradients.
+
+    optax's Adam makes its moments like the parameters (mu_dtype covers only the first),
+    keeps the state's dtypes, and forms (1 - b) * g in the gradient's dtype, so with
+    bfloat16 parameters both moments would be bfloat16: the slow second-moment average
+    stalls once its increments fall under bfloat16's spacing. The updates come out
+    float32; `optax.apply_updates` adds them and casts the sum to the parameters' dtype.
+    """
+
+    def to_float32(tree):
+        return jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), tree)
+
+    def init(params):
+        return tx.init(to_float32(params))
+
+    def update(updates, state, params=None):
+        return tx.update(to_float32(updates), state, params)
+
+    return optax.GradientTransformation(init, update)
+
+
 def _adam(schedule, state: str) -> optax.GradientTransformation:
     if state == "float32":
-        return optax.adam(schedule)
+        return _in_float32(optax.adam(schedule))
     if state == "int8":
         return adam_8bit(schedule)
     raise ValueError(f"rl.optimizer_state {state!r}; allowed: {list(OPTIMIZER_STATES)}")

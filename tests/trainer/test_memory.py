@@ -114,3 +114,55 @@ def test_checkpoint_round_trip_of_int8_state_and_master_weights(tmp_path):
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(saved)):
         assert a.dtype == b.dtype
         np.testing.assert_array_equal(a, b)
+
+
+def _moments(opt_state):
+    """Every Adam moment array (mu and nu) of an optax state, Variables unwrapped."""
+    found = optax.tree_utils.tree_get_all_with_path(opt_state, "mu")
+    found += optax.tree_utils.tree_get_all_with_path(opt_state, "nu")
+    return [x for _, tree in found for x in jax.tree.leaves(tree)]
+
+
+def test_float32_state_keeps_float32_moments_for_bf16_params():
+    """rl.optimizer_state=float32 with bfloat16 parameters: moments stay float32 and
+    follow float64 Adam, where bfloat16 moments stall (the second moment's increments
+    fall under bfloat16's spacing)."""
+    from jaxrl_agents.trainer.optim import adam
+
+    b1, b2, steps = 0.9, 0.999, 1000
+    rng = np.random.default_rng(0)
+    grad = jnp.asarray(rng.uniform(0.5, 2.0, 64) * 1e-2, jnp.bfloat16)
+    params = {"w": jnp.ones(64, jnp.bfloat16)}
+    tx = adam(optax.constant_schedule(1e-4), state="float32")
+
+    def step(state, _):
+        return tx.update({"w": grad}, state, params)[1], None
+
+    state = jax.lax.scan(step, tx.init(params), length=steps)[0]
+    mu, nu = (optax.tree_utils.tree_get(state, name)["w"] for name in ("mu", "nu"))
+    assert mu.dtype == nu.dtype == jnp.float32
+    g = np.asarray(grad, np.float64)
+    np.testing.assert_allclose(mu, g * (1 - b1**steps), rtol=1e-5)
+    np.testing.assert_allclose(nu, g * g * (1 - b2**steps), rtol=1e-4)
+    # what plain optax.adam keeps for these params: a bfloat16 second moment, far off
+    plain = optax.adam(1e-4)
+    nu_bf16 = jax.lax.scan(
+        lambda s, _: (plain.update({"w": grad}, s, params)[1], None),
+        plain.init(params),
+        length=steps,
+    )[0][0].nu["w"]
+    assert nu_bf16.dtype == jnp.bfloat16
+    assert np.abs(np.asarray(nu_bf16, np.float64) / (g * g * (1 - b2**steps)) - 1).max() > 0.1
+
+
+def test_learner_float32_state_with_bf16_params():
+    ac = _bf16_actor_critic()
+    lr = optax.constant_schedule(1e-3)
+    tx = actor_critic_adam(lr, lr, max_grad_norm=1.0, state="float32")
+    learner = RLLearner(ac, RLHyper(estimator="gae"), tx)
+    state = learner.init_state(ac)
+    assert len(_moments(state.opt_state)) == 2 * len(jax.tree.leaves(state.params))
+    state, metrics = learner.update(state, random_batch(0), jax.random.key(0))
+    assert metrics["losses/skipped"] == 0
+    assert all(x.dtype == jnp.float32 for x in _moments(state.opt_state))
+    assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(state.params))
