@@ -34,6 +34,7 @@ from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec
 
 from jaxrl_agents import sharding
 from jaxrl_agents.models import ModelConfig, Transformer, build_actor_critic
+from jaxrl_agents.models.build import checkpoint_overrides
 from jaxrl_agents.models.hf_io import read_config
 
 GIB = 1024**3
@@ -127,18 +128,13 @@ def model_config(cfg, source: str | None = None) -> ModelConfig:
     """The ModelConfig the trainer would build for `cfg`.
 
     With `source` (or `model.hf_path`) the sizes come from that architecture and, as when
-    a checkpoint is loaded, parameters and activations take `model.dtype`; remat and
+    a checkpoint is loaded (`models.build_policy`), dtype, param_dtype, remat and
     scan_layers come from the config section. Otherwise the section's own sizes.
     """
     source = source or cfg.model.hf_path
     if not source:
         return ModelConfig.from_config(cfg.model)
-    runtime = dict(
-        dtype=cfg.model.dtype,
-        param_dtype=cfg.model.dtype,
-        remat=cfg.model.remat,
-        scan_layers=cfg.model.scan_layers,
-    )
+    runtime = checkpoint_overrides(cfg.model)
     if preset_name(source) is None and os.path.isdir(source):
         return read_config(source, **runtime)
     return ModelConfig.from_hf(hf_config_dict(source), **runtime)

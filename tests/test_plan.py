@@ -155,7 +155,9 @@ def test_presets_have_the_published_sizes(name, count):
 
     from jaxrl_agents.models import Transformer
 
-    cfg = tiny_config(**{"model.hf_path": name, "model.dtype": "bfloat16"})
+    cfg = tiny_config(
+        **{"model.hf_path": name, "model.dtype": "bfloat16", "model.param_dtype": "bfloat16"}
+    )
     mc = plan.model_config(cfg)
     assert mc.param_dtype == "bfloat16" and mc.qkv_bias
     model = nnx.eval_shape(lambda: Transformer(mc, rngs=nnx.Rngs(0)))

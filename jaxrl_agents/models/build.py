@@ -12,23 +12,30 @@ from jaxrl_agents.models import hf_io
 from jaxrl_agents.models.config import ModelConfig
 from jaxrl_agents.models.transformer import Transformer
 
-# Fields that may differ from the checkpoint's config.json when loading one.
-_RUNTIME_FIELDS = ("remat", "scan_layers")
+# Fields of the section that apply to a checkpoint too (its config.json gives the sizes).
+CHECKPOINT_FIELDS = ("dtype", "param_dtype", "remat", "scan_layers")
+
+
+def checkpoint_overrides(cfg_model: Mapping[str, Any]) -> dict[str, Any]:
+    """The section's CHECKPOINT_FIELDS as ModelConfig overrides of a checkpoint's
+    config.json (dtype float32 and param_dtype = dtype where the section has none)."""
+    overrides = {k: cfg_model[k] for k in CHECKPOINT_FIELDS if k in cfg_model}
+    overrides.setdefault("dtype", "float32")
+    overrides.setdefault("param_dtype", overrides["dtype"])
+    return overrides
 
 
 def build_policy(cfg_model: Mapping[str, Any], *, seed: int = 0, mesh=None
                  ) -> tuple[Transformer, ModelConfig]:
     """(model, config) from a `model` section (ConfigDict or dict).
 
-    With `hf_path` the sizes come from the checkpoint; dtype, remat and
-    scan_layers still come from the section. With a mesh the parameters are
-    placed on it.
+    With `hf_path` the sizes come from the checkpoint; dtype, param_dtype, remat
+    and scan_layers still come from the section (`checkpoint_overrides`). With a
+    mesh the parameters are placed on it.
     """
     hf_path = cfg_model.get("hf_path", "") or ""
     if hf_path:
-        overrides = {k: cfg_model[k] for k in _RUNTIME_FIELDS if k in cfg_model}
-        return hf_io.load(hf_path, dtype=cfg_model.get("dtype", "float32"), mesh=mesh,
-                          **overrides)
+        return hf_io.load(hf_path, mesh=mesh, **checkpoint_overrides(cfg_model))
     config = ModelConfig.from_config(cfg_model)
     model = Transformer(config, rngs=nnx.Rngs(params=seed))
     if mesh is not None:

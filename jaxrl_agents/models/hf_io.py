@@ -144,7 +144,8 @@ def _check_tensors(reader: _Safetensors, expected: dict[str, tuple], directory: 
 def load(path_or_repo_id: str, dtype: str = "float32", mesh=None, **config_overrides):
     """Read a Qwen2 / Llama checkpoint; returns (Transformer, ModelConfig).
 
-    dtype: the parameter and activation dtype ("float32" | "bfloat16").
+    dtype: the parameter and activation dtype ("float32" | "bfloat16"); a
+    `param_dtype` override stores the parameters in another.
     mesh: a `jax.sharding.Mesh` to place parameters on (by the logical-axis
     rules of `jaxrl_agents.sharding`); None puts them on the first device.
     config_overrides: ModelConfig fields to change (e.g. remat=True, scan_layers=True).
@@ -168,7 +169,7 @@ def load(path_or_repo_id: str, dtype: str = "float32", mesh=None, **config_overr
             plan.setdefault("__expected__", {})[name] = tuple(per_layer)
     _check_tensors(reader, plan.pop("__expected__"), directory)
 
-    np_dtype = np.dtype(DTYPES[dtype])
+    np_dtype = np.dtype(config.jnp_param_dtype)
     loaded = []
     for path, var in flat:
         names, stacked = plan[path], path[0] == "blocks"

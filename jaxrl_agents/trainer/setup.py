@@ -11,7 +11,7 @@ import numpy as np
 from flax import nnx
 
 import envs
-from jaxrl_agents.models import ModelConfig, Transformer, build_actor_critic, hf_io
+from jaxrl_agents.models import build_actor_critic, build_policy
 from jaxrl_agents.models.tokenizer import load_tokenizer, train_tokenizer
 from jaxrl_agents.rollout import DEFAULT_SYSTEM_PROMPT, EpisodeDriver, grouped_specs
 from jaxrl_agents.trainer.tasks import run_tasks, task_specs
@@ -157,12 +157,10 @@ def build_tokenizer(cfg, run_dir: str, text_fn):
 
 
 def build_actor_critic_from_config(cfg, vocab_size: int, mesh=None):
-    """The policy (from `model.hf_path` or the config's fields) wrapped with its critic."""
-    if cfg.model.hf_path:
-        policy, _ = hf_io.load(cfg.model.hf_path, dtype=cfg.model.dtype, mesh=mesh)
-    else:
-        model_cfg = ModelConfig.from_config(cfg.model).replace(vocab_size=vocab_size)
-        policy = Transformer(model_cfg, rngs=nnx.Rngs(cfg.seed))
+    """The policy of `models.build_policy` (from `model.hf_path`, or the config's fields
+    with the tokenizer's `vocab_size`) wrapped with its critic."""
+    section = dict(cfg.model.items(), vocab_size=vocab_size)
+    policy, _ = build_policy(section, seed=cfg.seed, mesh=mesh)
     return build_actor_critic(policy, cfg.model.critic, rngs=nnx.Rngs(cfg.seed + 1))
 
 
