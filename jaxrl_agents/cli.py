@@ -62,8 +62,9 @@ def train_main(argv=None) -> int:
     from jaxrl_agents.trainer.loop import format_summary, train, write_summary
 
     summary = train(cfg, resume=args.resume)
-    write_summary(summary)
-    print(format_summary(summary))
+    if distributed.is_main_process():  # multi-host: one summary.json, one report
+        write_summary(summary)
+        print(format_summary(summary))
     return 0
 
 

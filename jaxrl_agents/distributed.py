@@ -10,6 +10,7 @@ process's devices. Only process 0 writes logs and eval.json.
     rows, length = agree_max([rows, length])  # padded shapes every process uses
     batch = global_batch(local_batch, mesh)  # global arrays, batch dim over the mesh
     if is_main_process(): ...
+    everyone = allgather_objects(my_trajectories)  # [P] lists, process order
 
 With one process every helper is a no-op that makes no JAX call.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import glob
 import os
+import pickle
 from collections.abc import Mapping, Sequence
 
 import jax
@@ -123,6 +125,29 @@ def allgather_rows(local: np.ndarray) -> np.ndarray:
     padded[: len(local)] = local
     gathered = np.asarray(multihost_utils.process_allgather(padded))  # [P, rows, ...]
     return np.concatenate([g[:c] for g, c in zip(gathered, counts)])
+
+
+def allgather_objects(local) -> list:
+    """Every process's picklable `local` (e.g. its list of trajectories), in process order;
+    [local] with one process."""
+    if jax.process_count() == 1:
+        return [local]
+    data = np.frombuffer(pickle.dumps(local), np.uint8)
+    sizes = allgather_rows(np.array([data.size], np.int64))  # [P] bytes per process
+    joined = allgather_rows(data)
+    parts = np.split(joined, np.cumsum(sizes)[:-1])
+    return [pickle.loads(part.tobytes()) for part in parts]
+
+
+def main_first(fn, name: str):
+    """`fn()` on process 0, then (after a barrier named `name`) on the others, so that what
+    it writes to a shared directory (a trained tokenizer, generated games) is made once and
+    found by the rest. With one process, just `fn()`."""
+    if jax.process_count() == 1:
+        return fn()
+    result = fn() if is_main_process() else None
+    multihost_utils.sync_global_devices(name)
+    return result if is_main_process() else fn()
 
 
 def global_batch(local_batch, mesh: jax.sharding.Mesh):

@@ -155,8 +155,17 @@ def state_shardings(state, mesh):
     return _map_arrays(lambda _, shard: shard, state, mesh)
 
 
+def _device_put(x, sharding):
+    """jax.device_put; a process-local array bound for a mesh over several processes goes
+    through host memory (jax 0.10 otherwise builds a global array whose shards cannot be
+    read back, e.g. by orbax's checkpoint save)."""
+    if isinstance(x, jax.Array) and x.is_fully_addressable and not sharding.is_fully_addressable:
+        x = np.asarray(x)
+    return jax.device_put(x, sharding)
+
+
 def _place(tree, mesh):
-    return _map_arrays(jax.device_put, tree, mesh)
+    return _map_arrays(_device_put, tree, mesh)
 
 
 def shard_params(model_or_state, mesh):

@@ -1,12 +1,16 @@
 """Multi-host training: two JAX processes (2 host CPU devices each, gloo collectives,
 coordinator on 127.0.0.1) each feed half of a fixed batch to the RL learner; one process
 with 4 devices feeds the whole batch. Losses, metrics and final parameters must agree.
+End to end: `jaxrl-train` on the toy game as two processes and as one must write the same
+logs, evaluations and checkpoints.
 
 This file is also the worker script (XLA_FLAGS must be set before JAX starts):
     python tests/test_multihost.py OUT.npz [PROCESS_ID NUM_PROCESSES PORT]
 """
 
+import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -97,7 +101,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(args, devices: int, log_path):
+def _spawn(cmd, devices: int, log_path):
+    """Starts `cmd` in the repo root with `devices` host CPU devices, output to log_path."""
     env = dict(
         os.environ,
         XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
@@ -107,8 +112,11 @@ def _launch(args, devices: int, log_path):
     for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
         env.pop(name, None)
     log = open(log_path, "w")
-    cmd = [sys.executable, os.path.abspath(__file__), *map(str, args)]
     return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT), log
+
+
+def _launch(args, devices: int, log_path):
+    return _spawn([sys.executable, os.path.abspath(__file__), *map(str, args)], devices, log_path)
 
 
 def _wait_all(procs, timeout_s: float) -> None:
@@ -175,6 +183,141 @@ def test_collective_helpers(results):
         assert "different shapes" in str(r["shapes_error"])
     assert results["single"]["allgather"].tolist() == [0]
     assert str(results["single"]["shapes_error"]) == ""
+
+
+# -- jaxrl-train end to end: two processes (1 device each) and one, greedy sampling
+
+
+def _train_cmd(out, name, *args, **values):
+    """A tiny toy run with config overrides `values` ("a.b": v) and extra arguments."""
+    base = {
+        "output_dir": str(out),
+        "name": name,
+        "env.size": 2,
+        "env.num_train_tasks": 4,
+        "env.num_eval_tasks": 4,
+        # Rewards even for a policy that never counts right: with all-zero returns the
+        # whitened advantages would be float noise, and no two runs would agree.
+        "env.invalid_penalty": 0.5,
+        "rollout.episodes_per_batch": 4,  # two per process
+        "rollout.temperature": 0,  # greedy: episodes depend on the parameters alone
+        "rl.episodes_per_epoch": 8,  # two RL updates
+        "rl.minibatch_size": 2,
+        "rl.ppo_epochs": 1,
+        "sft.num_trajectories": 4,
+        "sft.epochs": 2,
+        "sft.batch_size": 4,
+        "checkpoint.every": 1,
+        "logging.progress_bar": False,
+        "logging.tensorboard": False,
+        "logging.plots": False,
+        "distributed.enabled": "false",
+    }
+    overrides = [f"--config.{k}={v}" for k, v in {**base, **values}.items()]
+    cli = [sys.executable, "-m", "jaxrl_agents.cli", "--config", "configs/toy_tiny.py"]
+    return cli + overrides + list(args)
+
+
+def _two_process_cmds(out, name, *args, **values) -> dict:
+    port = _free_port()
+    cmds = {}
+    for i in range(2):
+        distributed = {
+            "distributed.enabled": "true",
+            "distributed.coordinator_address": f"127.0.0.1:{port}",
+            "distributed.num_processes": 2,
+            "distributed.process_id": i,
+        }
+        cmds[f"p{i}"] = _train_cmd(out, name, *args, **values, **distributed)
+    return cmds
+
+
+def _run_all(cmds: dict, out) -> dict:
+    """Runs the commands together (1 CPU device each); their logs, all having exited 0."""
+    launched = {name: _spawn(cmd, 1, out / f"{name}.log") for name, cmd in cmds.items()}
+    _wait_all([p for p, _ in launched.values()], TIMEOUT_S)
+    logs = {}
+    for name, (proc, log) in launched.items():
+        log.close()
+        logs[name] = (out / f"{name}.log").read_text()
+        assert proc.returncode == 0, f"{name} exited {proc.returncode}:\n{logs[name][-4000:]}"
+    return logs
+
+
+@pytest.fixture(scope="module")
+def train_runs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("multihost_train")
+    cmds = {**_two_process_cmds(out, "multi"), "single": _train_cmd(out, "single")}
+    return out, _run_all(cmds, out)
+
+
+def _timing(key: str) -> bool:
+    """Wall-clock metrics, which differ between any two runs."""
+    return key == "wall_time" or key.startswith("perf/") or key.endswith(("_s", "wait_frac"))
+
+
+def _comparable(rows):
+    return [{k: v for k, v in row.items() if not _timing(k)} for row in rows]
+
+
+@pytest.mark.slow
+def test_two_process_train_writes_one_set_of_outputs(train_runs):
+    from jaxrl_agents.checkpoint import Checkpointer
+    from jaxrl_agents.logging import read_metrics
+
+    out, logs = train_runs
+    run = out / "multi"
+    rows = read_metrics(str(run))  # process 1 writing too would double every row
+    assert [r["step"] for r in rows] == [0, 0, 1, 2]  # two SFT epochs, two RL updates
+    assert all(r["rollout/episodes"] == 4 for r in rows[2:])  # both processes' episodes
+    evals = json.loads((run / "eval.json").read_text())
+    assert evals["sft"]["n"] == evals["rl"]["n"] == 4  # the whole held-out set
+    assert json.loads((run / "config.json").read_text())["distributed"]["num_processes"] == 2
+    assert (run / "summary.json").exists() and (run / "tokenizer" / "tokenizer.json").exists()
+    assert "held-out success after RL" in logs["p0"]
+    assert "held-out success" not in logs["p1"]
+    with Checkpointer(str(run / "checkpoints")) as ckpt:
+        assert ckpt.latest_step() == 2
+        state, meta = ckpt.restore()
+    assert meta["progress"]["update"] == 2 and meta["progress"]["sft_done"]
+    assert state["learner"]["params"]
+
+
+@pytest.mark.slow
+def test_two_process_train_matches_one_process(train_runs):
+    from jaxrl_agents.logging import read_metrics
+
+    out, _ = train_runs
+    multi = _comparable(read_metrics(str(out / "multi")))
+    single = _comparable(read_metrics(str(out / "single")))
+    assert [sorted(r) for r in multi] == [sorted(r) for r in single]
+    for got, want in zip(multi, single):
+        for key, value in want.items():
+            if isinstance(value, float):  # the 2-device learner sums in another order
+                assert got[key] == pytest.approx(value, rel=1e-4, abs=1e-5), key
+            else:
+                assert got[key] == value, key
+    a = json.loads((out / "multi" / "eval.json").read_text())
+    b = json.loads((out / "single" / "eval.json").read_text())
+    for stage in ("sft", "rl"):
+        assert a[stage] == pytest.approx(b[stage]), stage
+
+
+@pytest.mark.slow
+def test_two_process_train_resumes_from_its_checkpoint(train_runs):
+    from jaxrl_agents.checkpoint import Checkpointer
+    from jaxrl_agents.logging import read_metrics
+
+    out, _ = train_runs
+    shutil.copytree(out / "multi", out / "resumed")
+    more = {"rl.episodes_per_epoch": 12}  # a third update after the restored two
+    _run_all(_two_process_cmds(out, "resumed", "--resume", **more), out)
+    rows = read_metrics(str(out / "resumed"))
+    assert [r["step"] for r in rows] == [0, 0, 1, 2, 3]
+    before = _comparable(read_metrics(str(out / "multi")))
+    assert _comparable(rows[:4]) == before  # the restored run's rows are kept as they were
+    with Checkpointer(str(out / "resumed" / "checkpoints")) as ckpt:
+        assert ckpt.latest_step() == 3
 
 
 # -- pure helpers, in this process

@@ -16,17 +16,18 @@ import os
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from envs.action_space import ActionStaging
-from jaxrl_agents import monitors, reward_model
+from jaxrl_agents import distributed, monitors, reward_model
 from jaxrl_agents import rewards as reward_lib
 from jaxrl_agents.checkpoint import Checkpointer
-from jaxrl_agents.data import pack
 from jaxrl_agents.data.selection import filter_groups
 from jaxrl_agents.logging import RunLogger, success_ci
-from jaxrl_agents.trainer import setup
+from jaxrl_agents.sharding import make_mesh
+from jaxrl_agents.trainer import setup, shares
 from jaxrl_agents.trainer.rl import make_learner
 from jaxrl_agents.trainer.sft import SFTTrainer
 from jaxrl_agents.trainer.task_schedule import TaskSchedule
@@ -54,24 +55,25 @@ class Trainer:
     """Owns a run: its envs, models, driver, learner, logger and checkpoints."""
 
     def __init__(self, cfg, *, resume: bool = False):
-        if jax.process_count() > 1:
-            # The learner runs multi-host (RLLearner(mesh=...), jaxrl_agents/distributed.py);
-            # the loop does not yet split episodes, eval and logging across processes.
-            raise NotImplementedError("multi-host runs: the outer loop is not wired up yet")
         self.cfg = cfg
         self.run_dir = run_dir_of(cfg)
         self.resume = resume
         os.makedirs(self.run_dir, exist_ok=True)
         self.layout = setup.EnvLayout(cfg)
-        setup.pregenerate(self.layout, cfg.rollout.num_env_workers)
+        distributed.main_first(
+            lambda: setup.pregenerate(self.layout, cfg.rollout.num_env_workers), "pregenerate"
+        )
         self.staging = (
             ActionStaging.from_config(cfg.action_space) if cfg.action_space.staging else None
         )
         self.pool = setup.make_pool(cfg, self.layout, self.staging)
         self.schedule = TaskSchedule(cfg, self.layout, self.pool.tasks)
         heads = self.layout.train_task_heads()
-        self.tokenizer = setup.build_tokenizer(
-            cfg, self.run_dir, lambda: setup.collect_env_text(self.pool, heads)
+        self.tokenizer = distributed.main_first(
+            lambda: setup.build_tokenizer(
+                cfg, self.run_dir, lambda: setup.collect_env_text(self.pool, heads)
+            ),
+            "tokenizer",
         )
         self.pad_id = self.tokenizer.pad_token_id or 0
         vocab = setup.model_vocab_size(self.tokenizer)
@@ -84,11 +86,14 @@ class Trainer:
             else setup.make_driver(cfg, policy, self.tokenizer, self.pool, group_size=1)
         )
         self.total_updates = num_updates(cfg)
+        # Multi-host: the learner state lives on the mesh over every process's devices.
+        self.mesh = make_mesh(cfg.mesh) if jax.process_count() > 1 else None
         self.learner = make_learner(
             cfg,
             self.actor_critic,
             total_updates=self.total_updates,
             episodes_per_update=cfg.rollout.episodes_per_batch,
+            mesh=self.mesh,
         )
         self.state = None
         self.progress = Progress()
@@ -97,6 +102,7 @@ class Trainer:
         self.reward_recipe = reward_lib.RewardRecipe.from_config(cfg.reward)
         self.reward_model = reward_model.from_config(cfg.reward, self.reward_recipe)
         self.reward_metrics = {}
+        self.rollout_stats = {}
         self.checkpointer = Checkpointer(
             os.path.join(self.run_dir, "checkpoints"), keep=cfg.checkpoint.keep
         )
@@ -150,22 +156,32 @@ class Trainer:
         self.driver.pool = self.eval_driver.pool = self.pool
 
     def _sync_policy(self) -> None:
-        """Makes the modules the driver samples from hold the learner's parameters."""
-        nnx.update(self.actor_critic, self.state.params)
+        """Makes the modules the driver samples from hold the learner's parameters (a
+        process-local copy: each process samples on its own)."""
+        nnx.update(self.actor_critic, distributed.local_copy(self.state.params))
+
+    def _agree_on_policy(self) -> None:
+        """Every process takes process 0's policy parameters (after SFT, which each process
+        runs alone), so the global learner state starts from one policy."""
+        params = distributed.broadcast_from_main(nnx.state(self.actor_critic, nnx.Param))
+        nnx.update(self.actor_critic, jax.tree.map(jnp.asarray, params))
 
     # -- stages
 
     def evaluate(self, stage: str, step: int | None = None, limit: int = 0, ids=None) -> dict:
         """Greedy play on the held-out tasks (`ids`, default every one; the first `limit`, or
-        all when 0); success with a 95% Wilson interval, per task too when several."""
+        all when 0); success with a 95% Wilson interval, per task too when several.
+        Multi-host: each process plays its share and every process gets every result."""
         ids = self.layout.eval_ids if ids is None else ids
         ids = ids[:limit] if limit else ids
+        mine = ids[distributed.process_slice(len(ids))]
         chunk = max(self.cfg.rollout.episodes_per_batch, 1)
-        trajs = []
-        for i in range(0, len(ids), chunk):
-            part = ids[i : i + chunk]
+        local = []
+        for i in range(0, len(mine), chunk):
+            part = mine[i : i + chunk]
             budgets = self.schedule.eval_max_steps(part)
-            trajs += self.eval_driver.run(part, greedy=True, max_steps=budgets)
+            local += self.eval_driver.run(part, greedy=True, max_steps=budgets)
+        trajs = [t for part in distributed.allgather_objects(local) for t in part]
         result = success_ci([t.won for t in trajs])
         result["return_mean"] = float(np.mean([t.episode_return for t in trajs]))
         result["failed"] = int(sum(t.failed for t in trajs))
@@ -223,12 +239,28 @@ class Trainer:
         return result
 
     def collect(self, update: int):
-        """Episodes of update `update` and their packed batch."""
+        """Episodes of update `update` (every process's, in plan order) and this process's
+        rows of their packed batch (see `shares`)."""
         cfg = self.cfg
+        index, count, g = jax.process_index(), jax.process_count(), self.layout.group_size
         plan = self.schedule.plan(update)
+        mine, first_group = shares.plan_share(plan, g, index, count)
         key = jax.random.fold_in(jax.random.fold_in(self.key, update), 0)
-        trajs = self.driver.run(plan.env_ids, key, max_steps=plan.max_steps)
-        dump = cfg.reward.dump_trajectories and os.path.join(self.run_dir, "trajectories.jsonl")
+        if count > 1:
+            key = jax.random.fold_in(key, index)  # processes sample different episodes
+        # Group ids unique over processes (their counters differ: evaluations share it).
+        groups_before = distributed.agree_max([self.driver._groups_used])[0]
+        self.driver._groups_used = groups_before + first_group
+        local = self.driver.run(mine.env_ids, key, max_steps=mine.max_steps)
+        self.driver._groups_used = groups_before + len(plan.env_ids) // g
+        everyone = distributed.allgather_objects((local, self.driver.last_stats))
+        trajs = [t for part, _ in everyone for t in part]
+        self.rollout_stats = shares.merge_rollout_stats([stats for _, stats in everyone])
+        dump = (
+            cfg.reward.dump_trajectories
+            and distributed.is_main_process()
+            and os.path.join(self.run_dir, "trajectories.jsonl")
+        )
         self.reward_metrics = reward_lib.shape_collected(
             trajs, self.reward_recipe, reward_model=self.reward_model, dump_path=dump, update=update
         )
@@ -244,14 +276,22 @@ class Trainer:
         if cfg.rl.reward_norm:
             self.reward_stats.update(returns)
         kept = filter_groups(trajs, cfg.algo.group_filter_keep)  # all: 1.0 (StarPO-S)
-        batch = pack(kept, pad_id=self.pad_id, length_buckets=cfg.rollout.length_buckets)
+        batch = shares.pack_share(
+            kept,
+            g,
+            index,
+            count,
+            pad_id=self.pad_id,
+            length_buckets=cfg.rollout.length_buckets,
+            row_multiple=shares.local_batch_shards(self.mesh, count),
+        )
         return trajs, batch
 
     def rl_update(self, update: int) -> dict:
         start = time.perf_counter()
         trajs, batch = self.collect(update)
         rollout_s = time.perf_counter() - start
-        stats = dict(self.driver.last_stats)
+        stats = dict(self.rollout_stats)
         key = jax.random.fold_in(jax.random.fold_in(self.key, update), 1)
         self.state, metrics = self.learner.update(self.state, batch, key)
         self._sync_policy()
@@ -259,11 +299,12 @@ class Trainer:
         metrics.update(stats)
         metrics.update(self.reward_metrics)
         metrics.update(self.schedule.observe(update, trajs))
+        tokens = distributed.allgather_rows(np.array([batch.valid.sum()])).sum()  # all rows
         metrics.update(
             {
                 "charts/success": setup.success_rate(trajs),
                 "charts/action_coverage": setup.action_coverage(trajs),
-                "perf/tokens_per_s": float(batch.valid.sum()) / (rollout_s + update_s),
+                "perf/tokens_per_s": float(tokens) / (rollout_s + update_s),
                 "perf/rollout_s": rollout_s,
                 "perf/update_s": update_s,
             }
@@ -281,6 +322,7 @@ class Trainer:
             jsonl=cfg.logging.jsonl,
             progress_bar=cfg.logging.progress_bar,
             total=self.total_updates,
+            is_main=distributed.is_main_process(),
             resume_step=self.progress.update if resumed else None,
         )
         self.logger.save_config(cfg)
@@ -289,6 +331,7 @@ class Trainer:
             if cfg.pretrain.episodes_per_task:
                 summary["pretrain"] = self.run_pretrain()
             summary["sft"] = self.run_sft()
+            self._agree_on_policy()
             # The reference policy is the SFT policy; optimizer state starts fresh.
             self.state = self.learner.init_state(self.actor_critic)
             self.progress.sft_done = True
@@ -341,7 +384,11 @@ def evaluate_checkpoint(cfg, step: int | None = None) -> dict:
         trainer.state = dataclasses.replace(trainer.state, params=restored["learner"]["params"])
         trainer._sync_policy()
         trainer.logger = RunLogger(
-            trainer.run_dir, tensorboard=False, jsonl=False, progress_bar=False
+            trainer.run_dir,
+            tensorboard=False,
+            jsonl=False,
+            progress_bar=False,
+            is_main=distributed.is_main_process(),
         )
         return trainer.evaluate("eval")
     finally:
