@@ -1,9 +1,10 @@
 """The RL learner: one jitted update over a packed Batch (PPO / RLOO / GRPO / REINFORCE++).
 
 Per collected batch:
-  1. `prepare`: one forward pass of the current and the reference policy gives the old
-     values and reference log-probs; the KL penalty goes into the rewards (kl.where =
-     "reward"); the configured estimator gives advantages and returns.
+  1. `prepare`: a forward pass of the current and the reference policy gives the old
+     values and reference log-probs, a chunk of rows at a time (a training micro-batch's
+     rows by default); the KL penalty goes into the rewards (kl.where = "reward"); the
+     configured estimator gives advantages and returns over the whole batch.
   2. `ppo_epochs` passes over shuffled minibatches; each minibatch is one jitted step
      (gradient accumulation over `grad_accum` micro-batches inside it). A non-finite loss
      or gradient leaves parameters and optimizer state untouched and is counted.
@@ -149,11 +150,55 @@ def _advantages(hp: RLHyper, rewards, values, mask, last_value, group_ids):
     return adv, ret
 
 
-def prepare(hp: RLHyper, graphdef, ref_graphdef, state: LearnerState, batch: dict, kl_coef):
-    """Old values, reference log-probs, KL-shaped rewards, advantages and returns."""
-    model = nnx.merge(graphdef, state.params)
-    _, _, values, last_value = _forward(model, batch)
-    ref_logp = _ref_logprobs(ref_graphdef, state.ref_params, batch)
+def chunk_rows(rows: int, max_rows: int) -> int:
+    """The largest divisor of `rows` that is at most `max_rows`."""
+    return max(d for d in range(1, min(rows, max_rows) + 1) if rows % d == 0)
+
+
+def map_row_chunks(fn, batch: dict, rows_per_chunk: int):
+    """`fn` over the rows of `batch` (arrays [B, ...]) in chunks of `rows_per_chunk`, one
+    chunk at a time (lax.map), outputs [B, ...] back in row order.
+
+    Chunk i holds rows i, i + n, i + 2n, ... (n chunks), so each chunk is spread over the
+    devices that hold the batch's rows, as the whole batch is.
+    """
+    rows = jax.tree.leaves(batch)[0].shape[0]
+    n = rows // rows_per_chunk
+    split = lambda x: x.reshape(rows_per_chunk, n, *x.shape[1:]).swapaxes(0, 1)  # (n, c, ...)
+    merge = lambda y: y.swapaxes(0, 1).reshape(rows, *y.shape[2:])  # (B, ...)
+    return jax.tree.map(merge, jax.lax.map(fn, jax.tree.map(split, batch)))
+
+
+def _old_values_and_ref_logprobs(graphdef, ref_graphdef, params, ref_params, rows: dict):
+    """Per row: old values [b, T], the value after the last real token [b] and the
+    reference log-probs [b, T]."""
+    _, _, values, last_value = _forward(nnx.merge(graphdef, params), rows)
+    return values, last_value, _ref_logprobs(ref_graphdef, ref_params, rows)
+
+
+def prepare(
+    hp: RLHyper,
+    graphdef,
+    ref_graphdef,
+    state: LearnerState,
+    batch: dict,
+    kl_coef,
+    max_chunk_rows: int | None = None,
+):
+    """Old values, reference log-probs, KL-shaped rewards, advantages and returns.
+
+    The two forward passes run over `chunk_rows(B, max_chunk_rows)` rows at a time (None:
+    all B at once), so only one chunk's logits are ever live; the advantages need the
+    whole batch (groups, whitening) and come after.
+    """
+    forward = functools.partial(
+        _old_values_and_ref_logprobs, graphdef, ref_graphdef, state.params, state.ref_params
+    )
+    rows = batch["input_ids"].shape[0]
+    inputs = {k: batch[k] for k in ("input_ids", "positions", "valid")}
+    values, last_value, ref_logp = map_row_chunks(
+        forward, inputs, chunk_rows(rows, max_chunk_rows or rows)
+    )
     mask = batch["action_mask"]
     kl_tok = kernels.kl_per_token(batch["old_logprobs"], ref_logp, hp.kl_kind) * mask
     rewards = batch["rewards"]
@@ -303,6 +348,10 @@ class RLLearner:
     With a `mesh`, the state lives on it (by the logical-axis rules) and each minibatch is
     split over its ('data', 'fsdp') axes. Multi-host: every process calls `update` with
     its own rows (same shapes on every process); they form one global batch.
+
+    `prepare_rows` caps the rows of each forward chunk in `prepare` (None: a training
+    micro-batch's rows, minibatch_size // grad_accum, whose forward pass the train step
+    already holds in memory).
     """
 
     def __init__(
@@ -318,6 +367,7 @@ class RLLearner:
         value_warmup_updates: int = 0,
         mesh: jax.sharding.Mesh | None = None,
         master_weights: bool = False,
+        prepare_rows: int | None = None,
     ):
         if minibatch_size % grad_accum:
             raise ValueError(
@@ -333,9 +383,12 @@ class RLLearner:
         self.value_warmup_updates = value_warmup_updates
         self.mesh = mesh
         self.master_weights = master_weights  # keep a float32 copy for the optimizer
+        self.prepare_rows = prepare_rows
         self.graphdef, _ = nnx.split(actor_critic)
         self.ref_graphdef, _ = nnx.split(actor_critic.policy)
-        self._prepare = jax.jit(functools.partial(prepare, hp, self.graphdef, self.ref_graphdef))
+        self._prepare = jax.jit(
+            functools.partial(prepare, hp, self.graphdef, self.ref_graphdef), static_argnums=3
+        )
         self._train_step = jax.jit(
             functools.partial(train_step, hp, self.graphdef, tx),
             donate_argnums=(0,),
@@ -394,18 +447,19 @@ class RLLearner:
     def update(self, state: LearnerState, batch: Batch, key) -> tuple[LearnerState, dict]:
         arrays = self._device_arrays(batch)
         kl_coef = jnp.float32(self.kl.value)
-        extras, prep_metrics = self._prepare(state, arrays, kl_coef)
-        arrays.update(extras)
-        policy_coef = jnp.float32(0.0 if self.updates < self.value_warmup_updates else 1.0)
         rows = arrays["input_ids"].shape[0]  # global: every process's rows
         mb_size = min(self.minibatch_size, rows)
         num_mb = max(rows // mb_size, 1)
+        accum = self.grad_accum if mb_size % self.grad_accum == 0 else 1
+        prepare_rows = self.prepare_rows or mb_size // accum
+        extras, prep_metrics = self._prepare(state, arrays, kl_coef, prepare_rows)
+        arrays.update(extras)
+        policy_coef = jnp.float32(0.0 if self.updates < self.value_warmup_updates else 1.0)
         step_metrics = []
         for epoch in range(self.ppo_epochs):
             order = np.asarray(jax.random.permutation(jax.random.fold_in(key, epoch), rows))
             for i in range(num_mb):
                 idx = order[i * mb_size : (i + 1) * mb_size]
-                accum = self.grad_accum if mb_size % self.grad_accum == 0 else 1
                 micro = self._micro_batches(arrays, idx, accum)
                 state, m = self._train_step(state, micro, kl_coef, policy_coef)
                 step_metrics.append(m)

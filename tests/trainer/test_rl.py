@@ -1,3 +1,5 @@
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -135,3 +137,73 @@ def test_group_estimators_refuse_groups_of_one_at_construction(estimator):
         cfg.algo.estimator = estimator
     with pytest.raises(ConfigError, match="rollout.group_size"):
         make_learner(cfg, tiny_actor_critic(), total_updates=1, episodes_per_update=8)
+
+
+def test_chunk_rows_divide_the_batch():
+    from jaxrl_agents.trainer.rl import chunk_rows
+
+    assert [chunk_rows(8, m) for m in (1, 2, 3, 4, 5, 8, 100)] == [1, 2, 2, 4, 4, 8, 8]
+    assert chunk_rows(12, 8) == 6 and chunk_rows(7, 4) == 1
+
+
+def _jitted_prepare(learner):
+    from jaxrl_agents.trainer import rl
+
+    fn = functools.partial(rl.prepare, learner.hp, learner.graphdef, learner.ref_graphdef)
+    return jax.jit(fn, static_argnums=3)
+
+
+@pytest.mark.parametrize("estimator", ["gae", "grpo"])
+def test_prepare_in_row_chunks_equals_the_whole_batch(estimator):
+    """Advantages need the whole batch (GAE whitening, GRPO groups): only the forward
+    passes are chunked."""
+    learner, state = _learner(estimator)
+    prepare = _jitted_prepare(learner)
+    arrays = {k: jnp.asarray(v) for k, v in random_batch(5).as_dict().items()}
+    kl = jnp.float32(0.1)
+    whole = prepare(state, arrays, kl, None)
+    for rows in (4, 2, 1):
+        chunked = prepare(state, arrays, kl, rows)
+        for a, b in zip(jax.tree.leaves(chunked), jax.tree.leaves(whole)):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=str(rows))
+    assert float(jnp.abs(whole[0]["advantages"]).max()) > 0
+
+
+def test_prepare_in_row_chunks_holds_one_chunk_of_logits():
+    """Compiled temp memory of prepare with a 512-token vocabulary (logits dominate): a
+    quarter of the rows at a time needs well under half of the whole batch's."""
+    from flax import nnx
+
+    from jaxrl_agents.models import build_actor_critic
+    from tests.trainer.helpers import tiny_policy
+
+    ac = build_actor_critic(tiny_policy(vocab_size=512), "head", rngs=nnx.Rngs(1))
+    learner = RLLearner(ac, RLHyper(estimator="gae"), optax.adam(1e-3), minibatch_size=8)
+    state = learner.init_state(ac)
+    arrays = {k: jnp.asarray(v) for k, v in random_batch(0).as_dict().items()}
+    prepare = _jitted_prepare(learner)
+
+    def temp_bytes(rows):
+        compiled = prepare.lower(state, arrays, jnp.float32(0.1), rows).compile()
+        return compiled.memory_analysis().temp_size_in_bytes
+
+    whole, quarter = temp_bytes(None), temp_bytes(2)
+    logits = arrays["input_ids"].size * 512 * 4
+    assert whole > logits  # the whole batch's logits are live at once
+    assert quarter < 0.5 * whole, (quarter, whole)
+
+
+def test_update_metrics_do_not_depend_on_the_prepare_chunks():
+    ac, batch = tiny_actor_critic(), random_batch(6)
+    results = []
+    for rows in (8, 2):
+        hp = RLHyper(estimator="gae", entropy_coef=0.01)
+        learner = RLLearner(ac, hp, optax.adam(3e-3), minibatch_size=4, prepare_rows=rows)
+        state, metrics = learner.update(learner.init_state(ac), batch, jax.random.key(0))
+        results.append((metrics, jax.tree.leaves(state.params)))
+    (m8, p8), (m2, p2) = results
+    assert m8.keys() == m2.keys()
+    for k in m8:
+        assert m2[k] == pytest.approx(m8[k], rel=1e-5, abs=1e-6), k
+    for a, b in zip(p2, p8):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

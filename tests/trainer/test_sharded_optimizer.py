@@ -155,8 +155,9 @@ def _learner(ac, state, mesh, batch):
         return [x.sharding for x in jax.tree.leaves(tree)]
 
     def two_updates(mesh):
-        """Parameters before and after two updates (the second reads quantised moments)."""
-        learner = RLLearner(ac, RLHyper(), _tx(state), minibatch_size=8, mesh=mesh)
+        """Parameters before and after two updates (the second reads quantised moments;
+        prepare runs in two chunks of 4 rows, each split over data x fsdp)."""
+        learner = RLLearner(ac, RLHyper(), _tx(state), minibatch_size=8, prepare_rows=4, mesh=mesh)
         state_ = learner.init_state(ac)
         before, placed = flat(state_.params), shardings(state_)
         for i in range(2):
