@@ -14,6 +14,10 @@ with the batch is counted (R(2b) - R(b)), so parameters the backward pass reads 
 counted twice. With remat, one layer's forward is recomputed at a time during the
 backward pass: the residuals of one un-rematerialised layer are added for that.
 
+`RLLearner.prepare` gets no row of its own: it runs forward passes only (no gradients,
+no saved residuals) over one micro-batch's rows at a time, so it stays under the
+training step's peak.
+
     mc = model_config(cfg)
     plan = make_plan(cfg, mc, abstract_mesh({"data": 1, "fsdp": 8, "tensor": 1}))
     print(format_plan(plan, DEVICES["v5e-8"]))
@@ -30,7 +34,7 @@ from collections.abc import Mapping
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec
+from jax.sharding import AbstractMesh, AxisType
 
 from jaxrl_agents import sharding
 from jaxrl_agents.models import ModelConfig, Transformer, build_actor_critic
@@ -162,10 +166,6 @@ def abstract_mesh(mesh_cfg: Mapping[str, int], num_devices: int) -> AbstractMesh
 # ----------------------------------------------------------------------------- bytes
 
 
-def _is_var(x) -> bool:
-    return isinstance(x, nnx.Variable)
-
-
 def _nbytes(shape, dtype) -> int:
     return math.prod(shape) * jnp.dtype(dtype).itemsize
 
@@ -176,24 +176,13 @@ def tree_bytes(tree) -> int:
 
 
 def per_device_bytes(tree, mesh) -> int:
-    """Bytes one device holds of a state pytree placed by `sharding.shard_params`.
-
-    Variables follow their logical axes through the rules table; anything else is
-    replicated. Variables that hold no array (optax's MaskedNode in a multi_transform
-    state) hold nothing.
-    """
-    total = 0
-    for leaf in jax.tree.leaves(tree, is_leaf=_is_var):
-        if _is_var(leaf):
-            value = leaf.get_raw_value()
-            if not hasattr(value, "shape"):
-                continue
-            axes = leaf.get_metadata().get("out_sharding")
-            shard = sharding.logical_to_sharding(axes, mesh, value.shape)
-        else:
-            value, shard = leaf, NamedSharding(mesh, PartitionSpec())
-        total += _nbytes(shard.shard_shape(value.shape), value.dtype)
-    return total
+    """Bytes one device holds of a state pytree placed by `sharding.shard_params` (or
+    `shard_optimizer_state`): every array by `sharding.state_shardings`, the same rules."""
+    shardings = jax.tree.leaves(sharding.state_shardings(tree, mesh))
+    return sum(
+        _nbytes(shard.shard_shape(x.shape), x.dtype)
+        for x, shard in zip(jax.tree.leaves(tree), shardings, strict=True)
+    )
 
 
 def split_by_owner(params, critic_kind: str) -> tuple:
@@ -357,8 +346,9 @@ def make_plan(cfg, mc: ModelConfig, mesh) -> Plan:
     rows["other learner state"] = per_device_bytes(others, mesh)  # e.g. master weights
     resident = sum(rows.values())
     # The update is a scan over micro-batches: the accumulated gradients (carry) and one
-    # micro-batch's gradients are both live when they are added.
-    grads = per_device_bytes(state.params, mesh)
+    # micro-batch's gradients are both live when they are added. They are taken with
+    # respect to the float32 master copy when there is one.
+    grads = per_device_bytes(state.params if state.master is None else state.master, mesh)
     rows["gradients (micro-batch)"] = grads
     rows["gradients (accumulated)"] = grads
     micro, per_device, length = train_shape(cfg, mesh)

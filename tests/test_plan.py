@@ -78,6 +78,15 @@ def test_parameter_and_optimizer_bytes_equal_the_real_arrays(critic):
         assert rows["critic parameters"] == policy_bytes + (cfg.model.hidden_size + 1) * 4
 
 
+def test_gradients_are_planned_in_the_master_copys_dtype():
+    cfg = tiny_config(**{"model.param_dtype": "bfloat16", "rl.master_weights": "float32"})
+    state = real_state(cfg)
+    result = plan.make_plan(cfg, plan.model_config(cfg), plan.abstract_mesh({"data": 1}, 1))
+    assert result.rows["gradients (micro-batch)"] == nbytes(state.master)
+    assert result.rows["other learner state"] >= nbytes(state.master)
+    assert nbytes(state.master) > 1.9 * nbytes(state.params)  # bf16 params (+ f32 value head)
+
+
 def _compiled_temp_bytes(cfg, mc, rows, length) -> int:
     from jaxrl_agents.trainer import rl
 
@@ -200,32 +209,11 @@ def report():
 @pytest.mark.parametrize("mesh", MESHES, ids=str)
 def test_per_device_bytes_equal_the_first_shard(report, mesh):
     result = report[str(list(mesh))]
-    for part in ("params", "ref_params", "opt_state"):
+    for part in ("params", "ref_params", "opt_state", "int8_opt_state"):
         assert result[part]["planned"] == result[part]["measured"], part
+    assert result["int8_opt_state"]["planned"] < result["int8_opt_state"]["global"]  # split
     assert result["kv"]["planned"] == result["kv"]["measured"]
     assert result["params"]["planned"] < result["params"]["global"]  # really sharded
-
-
-def _place_opt_state(opt_state, mesh):
-    """Optimizer moments by their parameter's logical axes, the rest replicated; skips the
-    MaskedNode placeholders of a multi_transform state."""
-    from flax import nnx
-    from jax.sharding import NamedSharding, PartitionSpec
-
-    from jaxrl_agents import sharding
-
-    def put(leaf):
-        if isinstance(leaf, nnx.Variable):
-            value = leaf.get_raw_value()
-            if not hasattr(value, "shape"):
-                return leaf
-            axes = leaf.get_metadata().get("out_sharding")
-            return leaf.replace(
-                jax.device_put(value, sharding.logical_to_sharding(axes, mesh, value.shape))
-            )
-        return jax.device_put(leaf, NamedSharding(mesh, PartitionSpec()))
-
-    return jax.tree.map(put, opt_state, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
 def _child():
@@ -242,6 +230,11 @@ def _child():
     cfg = tiny_config(**{"model.critic": "separate", "model.num_heads": 8, "model.head_dim": 8})
     mc = plan.model_config(cfg)
     state = real_state(cfg)
+    int8_cfg = tiny_config(
+        **{"model.num_heads": 8, "model.head_dim": 8, "rl.optimizer_state": "int8"}
+    )
+    int8_opt = real_state(int8_cfg).opt_state
+    int8_abstract = plan.abstract_learner(int8_cfg, plan.model_config(int8_cfg))[1].opt_state
     out = {}
     for shape in MESHES:
         mesh_cfg = dict(zip(sharding.MESH_AXES, shape))
@@ -249,7 +242,8 @@ def _child():
         abstract = plan.abstract_mesh(mesh_cfg, 8)
         params = sharding.shard_params(jax.tree.map(jnp.copy, state.params), mesh)
         ref = sharding.shard_params(jax.tree.map(jnp.copy, state.ref_params), mesh)
-        opt = _place_opt_state(state.opt_state, mesh)
+        opt = sharding.shard_optimizer_state(state.opt_state, mesh)
+        opt8 = sharding.shard_optimizer_state(int8_opt, mesh)
         result = plan.make_plan(cfg, mc, abstract)
         rows = result.rows
         # The sampler's own cache at the plan's largest size.
@@ -264,6 +258,11 @@ def _child():
             },
             "ref_params": {"planned": rows["reference policy"], "measured": first_shard_bytes(ref)},
             "opt_state": {"planned": rows["optimizer state"], "measured": first_shard_bytes(opt)},
+            "int8_opt_state": {
+                "planned": plan.per_device_bytes(int8_abstract, abstract),
+                "measured": first_shard_bytes(opt8),
+                "global": nbytes(int8_opt),
+            },
             "kv": {
                 "planned": rows["KV cache (rollout)"],
                 "measured": first_shard_bytes(decode.cache),
