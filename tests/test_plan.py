@@ -8,14 +8,13 @@ child process, as in test_sharding.py); the activation estimate must be within a
 
 import json
 import os
-import subprocess
-import sys
 
 import jax
 import pytest
 
 from jaxrl_agents import plan
 from jaxrl_agents.config import load_config
+from tests.eight_devices import report_of
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MESHES = [(1, 8, 1), (2, 2, 2), (1, 4, 2)]
@@ -188,22 +187,7 @@ def test_model_config_from_a_config_json(tmp_path):
 
 @pytest.fixture(scope="module")
 def report():
-    env = dict(
-        os.environ,
-        XLA_FLAGS="--xla_force_host_platform_device_count=8",
-        JAX_PLATFORMS="cpu",
-        PYTHONPATH=ROOT,
-    )
-    proc = subprocess.run(
-        [sys.executable, os.path.abspath(__file__)],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return report_of(__file__)
 
 
 @pytest.mark.parametrize("mesh", MESHES, ids=str)

@@ -6,10 +6,10 @@ XLA_FLAGS must be set before JAX starts, so the checks run in a child process
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
+
+from tests.eight_devices import report_of
 
 MESHES = [(8, 1, 1), (2, 2, 2), (1, 4, 2)]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -17,12 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.fixture(scope="module")
 def report():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-               JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__)], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return report_of(__file__)
 
 
 def test_mesh_from_config_and_rules(report):

@@ -7,10 +7,10 @@ run as a script, as in tests/test_sharding.py); the pytest tests read its report
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
+
+from tests.eight_devices import report_of
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STATES = ["float32", "int8"]
@@ -20,22 +20,7 @@ INT8_MESHES = [(2, 2, 2), (1, 8, 1)]
 
 @pytest.fixture(scope="module")
 def report():
-    env = dict(
-        os.environ,
-        XLA_FLAGS="--xla_force_host_platform_device_count=8",
-        JAX_PLATFORMS="cpu",
-        PYTHONPATH=ROOT,
-    )
-    proc = subprocess.run(
-        [sys.executable, os.path.abspath(__file__)],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return report_of(__file__)
 
 
 @pytest.mark.parametrize("state", STATES)
