@@ -207,3 +207,40 @@ def test_update_metrics_do_not_depend_on_the_prepare_chunks():
         assert m2[k] == pytest.approx(m8[k], rel=1e-5, abs=1e-6), k
     for a, b in zip(p2, p8):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_ppo_raises_the_probability_of_a_rewarded_action():
+    """A one-token bandit through the whole learner: prompt [1, 2, 3], the action token is
+    sampled from the current policy (old log-probs as the sampler records them), reward 1
+    iff it is token 5. PPO with GAE and a value head must make token 5 the likely action."""
+    from flax import nnx
+
+    from jaxrl_agents.data import ACTION, PROMPT, Trajectory, pack
+    from jaxrl_agents.trainer import optim
+
+    ac = tiny_actor_critic()
+    tx = optim.actor_critic_adam(optax.constant_schedule(3e-3), optax.constant_schedule(3e-3), 1.0)
+    learner = RLLearner(ac, RLHyper(estimator="gae"), tx, ppo_epochs=2, minibatch_size=16,
+                        kl=KLController("fixed", 0.01))
+    state = learner.init_state(ac)
+    prompt, rng = [1, 2, 3], np.random.default_rng(0)
+
+    def p_rewarded():
+        nnx.update(ac, state.params)
+        logp = np.asarray(jax.nn.log_softmax(ac.policy(jnp.array([prompt]))[0, -1]))
+        return logp, float(np.exp(logp[5]))
+
+    logp, start = p_rewarded()
+    for update in range(30):
+        p = np.exp(logp) / np.exp(logp).sum()
+        actions = rng.choice(len(p), size=32, p=p)
+        trajs = []
+        for i, a in enumerate(actions):
+            rewards, old = np.zeros(4, np.float32), np.zeros(4, np.float32)
+            rewards[3], old[3] = float(a == 5), logp[a]
+            trajs.append(Trajectory(prompt + [int(a)], [PROMPT] * 3 + [ACTION], old, rewards,
+                                    [3], won=bool(a == 5), group_id=i))
+        state, _ = learner.update(state, pack(trajs, length_buckets=(8,)), jax.random.key(update))
+        logp, _ = p_rewarded()
+    _, end = p_rewarded()
+    assert start < 0.1 and end > 0.8, (start, end)
