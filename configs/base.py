@@ -61,6 +61,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.rollout.max_action_tokens = 16  # an action is cut after this many tokens
     c.rollout.max_context = 1024  # an episode whose context would pass this is truncated
     c.rollout.stop_strings = ("\n",)  # an action ends at any of these
+    c.rollout.constrain_actions = False  # sample actions only among the env's offered commands
+    c.rollout.choice_width = 64  # constrained decoding: a step with more candidate ids is free
     c.rollout.length_buckets = (128, 256, 512, 1024)  # padded lengths compiled for
     c.rollout.num_env_workers = 2  # EnvPool worker processes
     c.rollout.env_timeout_s = 30.0  # a worker call slower than this is killed and restarted

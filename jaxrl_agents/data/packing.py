@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from jaxrl_agents.data.choices import allowed_array
 from jaxrl_agents.data.trajectory import ACTION, Batch, Trajectory
 
 
@@ -25,6 +26,7 @@ def pack(
     length_buckets: Sequence[int] = (128, 256, 512, 1024, 2048, 4096),
     row_multiple: int = 1,
     max_length: int | None = None,
+    choice_width: int | None = None,
 ) -> Batch:
     """Pads trajectories (right padding) into a fixed-shape Batch.
 
@@ -35,6 +37,8 @@ def pack(
       row_multiple: B is rounded up to a multiple of this (e.g. the data-parallel size);
         extra rows are all padding with row_valid = 0.
       max_length: a trajectory longer than this is an error (never silently cut).
+      choice_width: when given, the batch carries `allowed` [B, T, choice_width], the ids
+        each action token was restricted to by constrained decoding (`data.choices`).
     """
     if not trajectories:
         raise ValueError("pack() needs at least one trajectory")
@@ -68,6 +72,10 @@ def pack(
         out["won"][i] = traj.won
         out["truncated"][i] = traj.truncated
         out["row_valid"][i] = 1.0
+    if choice_width is not None:
+        out["allowed"] = np.full((rows, length, int(choice_width)), -1, np.int32)
+        for i, traj in enumerate(trajectories):
+            out["allowed"][i] = allowed_array(traj, length, int(choice_width))
     # Padding rows get distinct negative group ids so they never join a real group.
     pad_rows = np.arange(len(trajectories), rows)
     out["group_ids"][pad_rows] = -1 - pad_rows

@@ -80,6 +80,8 @@ class Batch:
     rewards: [B, T] float32, turn rewards on the last action token of each turn.
     group_ids: [B] int32; won, truncated: [B] float32; row_valid: [B] float32 (0 for rows
         added only to fill the batch up to its bucket).
+    allowed: optional [B, T, K] int32, the ids each action token was restricted to by
+        constrained decoding (-1 padded; no id: the whole vocabulary). None when unused.
     """
 
     input_ids: np.ndarray
@@ -92,13 +94,16 @@ class Batch:
     won: np.ndarray
     truncated: np.ndarray
     row_valid: np.ndarray
+    allowed: np.ndarray | None = None
 
     @property
     def shape(self) -> tuple[int, int]:
         return self.input_ids.shape
 
     def as_dict(self) -> dict[str, np.ndarray]:
-        return dataclasses.asdict(self)
+        """The arrays by name (an unused `allowed` is left out)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if getattr(self, f.name) is not None}
 
     def rows(self, index) -> Batch:
         """A sub-batch of the given rows (for minibatches)."""

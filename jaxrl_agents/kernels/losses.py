@@ -56,6 +56,39 @@ def next_token_logprobs(logits, input_ids):
     return jnp.pad(logp, ((0, 0), (1, 0)))
 
 
+_NOT_ALLOWED = -1e30  # finite, so an all-masked row has finite gradients
+
+
+def next_token_logprobs_and_entropy(logits, input_ids, allowed=None):
+    """log p(token t | tokens < t) and the entropy of the distribution token t was drawn from,
+    both aligned with the tokens: [B, T, V], [B, T] -> ([B, T], [B, T]), 0 at t = 0.
+
+    allowed: optional [B, T, K] int32, the distinct ids token t was restricted to when it
+    was sampled (constrained decoding; -1 pads the list). Where a list holds no id, token t
+    was drawn from the whole vocabulary. Restricted tokens get log-probs and entropies of
+    the softmax over their allowed ids only, exactly the distribution the sampler drew from.
+    """
+    logits = logits[:, :-1].astype(jnp.float32)  # (B, T-1, V): predicts tokens 1..T-1
+    targets = input_ids[:, 1:]
+    logp_full = jax.nn.log_softmax(logits, axis=-1)
+    logp = jnp.take_along_axis(logp_full, targets[..., None], axis=-1)[..., 0]
+    ent = -jnp.sum(jnp.exp(logp_full) * logp_full, axis=-1)
+    if allowed is not None:
+        ids = allowed[:, 1:]  # (B, T-1, K)
+        ok = ids >= 0
+        picked = jnp.where(ok, jnp.take_along_axis(logits, jnp.maximum(ids, 0), axis=-1),
+                           _NOT_ALLOWED)
+        logp_k = jax.nn.log_softmax(picked, axis=-1)  # (B, T-1, K)
+        target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+        constrained = ok.any(axis=-1)
+        lse = jax.nn.logsumexp(picked, axis=-1)
+        logp = jnp.where(constrained, target_logit - lse, logp)
+        ent_k = -jnp.sum(jnp.where(ok, jnp.exp(logp_k) * logp_k, 0.0), axis=-1)
+        ent = jnp.where(constrained, ent_k, ent)
+    pad = ((0, 0), (1, 0))
+    return jnp.pad(logp, pad), jnp.pad(ent, pad)
+
+
 @functools.partial(jax.jit, static_argnames=("agg",))
 def ppo_policy_loss(
     logp,

@@ -33,6 +33,7 @@ from jaxrl_agents.rewards import TURN_INFO_KEYS
 from jaxrl_agents.rollout.render import DEFAULT_SYSTEM_PROMPT, Renderer
 from jaxrl_agents.rollout.sampler import (
     CACHE_BUCKETS,
+    DEFAULT_CHOICE_WIDTH,
     Sampler,
     SamplingParams,
     token_ids_containing,
@@ -57,6 +58,7 @@ class EpisodeRecord:
     actions: list = dataclasses.field(default_factory=list)
     turn_info: list = dataclasses.field(default_factory=list)  # reward components per turn
     admissible: list = dataclasses.field(default_factory=list)  # commands offered per state
+    choices: list = dataclasses.field(default_factory=list)  # constrained decoding: token ids
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -95,6 +97,8 @@ class EpisodeRecord:
                 "sampling_logprobs": np.asarray(self.sampling_logprobs, np.float32),
                 "turn_info": [dict(d) for d in self.turn_info],
                 "admissible": [list(c) for c in self.admissible[:len(self.actions)]], **info}
+        if self.choices:
+            info["choices"] = [[list(ids) for ids in turn] for turn in self.choices]
         return Trajectory(tokens=self.tokens, token_type=self.token_type,
                           logprobs=self.logprobs, rewards=self.rewards,
                           turn_ends=list(self.turn_ends), info=info, **fields)
@@ -208,6 +212,11 @@ class EpisodeDriver:
     message. group_size: consecutive env ids in groups of this size play the same task and
     share a group id. max_steps: the driver's own step budget (None: the envs' budgets).
     overlap: split the batch in two half-batches that alternate with the envs.
+    constrain_actions: sample each action only among the commands the env offers
+        (`admissible_commands`), token by token (see `data.choices`); the turn's commands
+        are recorded in `info["choices"]` (forced actions too) so the learner recomputes
+        log-probs under the same restriction. choice_width: a step with more distinct
+        candidate tokens than this is not restricted.
     mesh: optional mesh for the sampler's cache (parameters already sharded).
     cache_buckets: KV cache lengths compiled for (the cache grows through them).
     """
@@ -217,7 +226,8 @@ class EpisodeDriver:
                  top_k: int = 0, stop_strings: Sequence[str] = ("\n",),
                  template: str = "chat", system_prompt: str = DEFAULT_SYSTEM_PROMPT,
                  group_size: int = 1, max_steps: int | None = None, overlap: bool = True,
-                 mesh=None, cache_buckets: Sequence[int] = CACHE_BUCKETS):
+                 mesh=None, cache_buckets: Sequence[int] = CACHE_BUCKETS,
+                 constrain_actions: bool = False, choice_width: int = DEFAULT_CHOICE_WIDTH):
         if max_action_tokens < 1:
             raise ValueError(f"max_action_tokens must be >= 1, got {max_action_tokens}")
         if group_size < 1:
@@ -231,6 +241,9 @@ class EpisodeDriver:
         self.group_size = int(group_size)
         self.max_steps = max_steps
         self.overlap = overlap
+        self.constrain_actions = bool(constrain_actions)
+        self.choice_width = int(choice_width)
+        self._command_ids: dict[str, list[int]] = {}
         stops = token_ids_containing(tokenizer, tuple(stop_strings), model.config.vocab_size)
         if tokenizer.eos_token_id is not None:
             stops.append(int(tokenizer.eos_token_id))
@@ -249,7 +262,8 @@ class EpisodeDriver:
                       temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
                       stop_strings=tuple(r.stop_strings), group_size=r.group_size,
                       template=config.tokenizer.chat_template,
-                      cache_buckets=tuple(r.length_buckets))
+                      cache_buckets=tuple(r.length_buckets),
+                      constrain_actions=r.constrain_actions, choice_width=r.choice_width)
         kwargs.update(overrides)
         return cls(model, tokenizer, pool, **kwargs)
 
@@ -408,6 +422,8 @@ class EpisodeDriver:
             return []
         for ep in acting:
             ep.record.add_prompt(ep.pending)
+            if self.constrain_actions:
+                ep.record.choices.append(self._choices_of(ep))
         if forced:
             for ep in acting:
                 text = ep.forced_action()
@@ -418,15 +434,29 @@ class EpisodeDriver:
             ep.pending = []
         return acting
 
+    def _choices_of(self, ep: _Episode) -> list[list[int]]:
+        """The commands offered in the episode's current state, as action token ids."""
+        offered = ep.record.admissible[-1] if ep.record.admissible else []
+        out = []
+        for command in offered:
+            ids = self._command_ids.get(command)
+            if ids is None:
+                ids = self._command_ids[command] = self.renderer.action_ids(command)
+            out.append(ids)
+        return out
+
     def _sample(self, lane: _Lane, acting: list[_Episode], sampling, key) -> None:
         chunks = [[] for _ in range(lane.state.batch)]
+        choices = [[] for _ in range(lane.state.batch)] if self.constrain_actions else None
         rows = {id(ep): row for row, ep in enumerate(lane.episodes)}
         for ep in acting:
             chunks[rows[id(ep)]] = ep.pending
+            if choices is not None:
+                choices[rows[id(ep)]] = ep.record.choices[-1]
         self._calls += 1
         call_key = jax.random.fold_in(key, self._calls)
         lane.state, out = self.sampler.extend(lane.state, chunks, self.max_action_tokens,
-                                              sampling, call_key)
+                                              sampling, call_key, choices, self.choice_width)
         for ep in acting:
             row = rows[id(ep)]
             n = int(out.num_tokens[row])

@@ -41,6 +41,8 @@ _MASKED = -1e30  # added to masked attention scores, as in the model
 PREFILL_BUCKETS = (16, 32, 64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
 CACHE_BUCKETS = (128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+CHOICE_BUCKETS = (8, 16, 32, 64, 128, 256)  # commands offered per row (constrained decoding)
+DEFAULT_CHOICE_WIDTH = 64  # a step with more distinct candidate ids is not constrained
 _NEG_INF = -jnp.inf
 
 
@@ -100,14 +102,17 @@ def filter_logits(logits_bv, params: SamplingParams):
     return x
 
 
-def sample_tokens(logits_bv, key, params: SamplingParams, allowed_v=None):
+def sample_tokens(logits_bv, key, params: SamplingParams, allowed_v=None, constraint_bv=None):
     """Draws one token per row, never one with `allowed_v[token]` False ([V] bool, e.g.
-    the padding rows of a vocabulary larger than the tokenizer's).
+    the padding rows of a vocabulary larger than the tokenizer's) nor, where given, one with
+    `constraint_bv[row, token]` False ([B, V] bool: constrained decoding).
 
     Returns (tokens [B] int32, raw log-probs [B] under softmax(logits) over the whole
-    vocabulary, sampling log-probs [B] under the distribution actually sampled from; 0 for
-    greedy, which is deterministic).
+    vocabulary, or over the row's constraint, sampling log-probs [B] under the distribution
+    actually sampled from; 0 for greedy, which is deterministic).
     """
+    if constraint_bv is not None:
+        logits_bv = jnp.where(constraint_bv, logits_bv, _NEG_INF)
     raw = jax.nn.log_softmax(logits_bv.astype(jnp.float32), axis=-1)
     if allowed_v is not None:
         logits_bv = jnp.where(allowed_v[None, :], logits_bv, _NEG_INF)
@@ -121,6 +126,26 @@ def sample_tokens(logits_bv, key, params: SamplingParams, allowed_v=None):
         sampling = jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
     picked = jnp.take_along_axis(raw, tokens[:, None], axis=-1)[:, 0]
     return tokens, picked, sampling
+
+
+def choice_constraint(choice_ids_bcl, alive_bc, step, vocab: int, width: int):
+    """The constrained-decoding mask of decode step `step` (the rule of `data.choices`).
+
+    choice_ids_bcl: [B, C, L] int32, each row's offered commands as token ids (-1 padded).
+    alive_bc: [B, C] bool, the commands that agree with the tokens sampled so far.
+    Returns (constraint [B, V] bool, candidates [B, C] int32 (-1: none)): a row is
+    restricted to its candidates' ids unless it has none or more than `width` distinct.
+    """
+    b, _, length = choice_ids_bcl.shape
+    column = jax.lax.dynamic_index_in_dim(choice_ids_bcl, jnp.minimum(step, length - 1), axis=2,
+                                          keepdims=False)
+    cand = jnp.where(alive_bc & (step < length), column, -1)  # (B, C)
+    rows = jnp.arange(b)[:, None]
+    allowed = jnp.zeros((b, vocab), bool).at[rows, jnp.where(cand >= 0, cand, vocab)].set(
+        True, mode="drop")
+    count = allowed.sum(axis=-1)
+    constrained = (count > 0) & (count <= width)
+    return allowed | ~constrained[:, None], cand
 
 
 # ----------------------------------------------------------------------------- state
@@ -230,17 +255,20 @@ def _forward(model, ids_bt, positions_bt, cache: LayerCache, cache_index, cache_
     return model.logits(model.final_norm(x)), tuple(new_cache)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "max_new", "sampling"),
+@functools.partial(jax.jit, static_argnames=("graphdef", "max_new", "sampling", "choice_width"),
                    donate_argnames=("cache", "cache_mask"))
 def _extend(graphdef, params, cache, cache_mask, cache_index, chunk_ids, chunk_mask, lengths,
-            key, stop_table, allowed, *, max_new: int, sampling: SamplingParams):
+            key, stop_table, allowed, choice_ids, *, max_new: int, sampling: SamplingParams,
+            choice_width: int):
     """Prefill a left-padded chunk [B, P] at slots [cache_index, cache_index + P), then
     decode up to `max_new` tokens at the slots after it.
 
     Rows whose chunk is all padding do not decode. A row stops after a token with
     `stop_table[token]` or after `max_new` tokens; tokens with `allowed[token]` False are
-    never drawn; every sampled token (the stopping one
-    too) is written to the cache, so the next chunk starts right after it.
+    never drawn; with `choice_ids` [B, C, L] (-1 padded; all -1: unconstrained) a row only
+    draws tokens that continue one of its commands (`choice_constraint`). Every sampled
+    token (the stopping one too) is written to the cache, so the next chunk starts right
+    after it.
     Returns (tokens, raw logp, sampling logp [B, M], counts [B], cache, cache_mask,
     lengths [B], decode steps taken).
     """
@@ -259,9 +287,12 @@ def _extend(graphdef, params, cache, cache_mask, cache_index, chunk_ids, chunk_m
         return (i < max_new) & ~jnp.all(done)
 
     def body(carry):
-        i, logits, cache, cache_mask, lengths, done, key, toks, lp_raw, lp_samp = carry
+        i, logits, cache, cache_mask, lengths, done, key, toks, lp_raw, lp_samp, alive = carry
         key, sub = jax.random.split(key)
-        tok, raw, samp = sample_tokens(logits, sub, sampling, allowed)
+        constraint, cand = choice_constraint(choice_ids, alive, i, logits.shape[-1],
+                                             choice_width)
+        tok, raw, samp = sample_tokens(logits, sub, sampling, allowed, constraint)
+        alive = alive & (cand == tok[:, None])
         live = ~done
         tok = jnp.where(live, tok, 0)
         toks = toks.at[:, i].set(tok)
@@ -273,12 +304,13 @@ def _extend(graphdef, params, cache, cache_mask, cache_index, chunk_ids, chunk_m
                                  cache_mask)
         lengths = lengths + live.astype(jnp.int32)
         done = done | (live & stop_table[tok]) | (i + 1 >= max_new)
-        return i + 1, logits[:, -1], cache, cache_mask, lengths, done, key, toks, lp_raw, lp_samp
+        return (i + 1, logits[:, -1], cache, cache_mask, lengths, done, key, toks, lp_raw,
+                lp_samp, alive)
 
     zeros = jnp.zeros((b, max_new), jnp.float32)
     carry = (jnp.int32(0), logits[:, -1], cache, cache_mask, lengths, done, key,
-             jnp.zeros((b, max_new), jnp.int32), zeros, zeros)
-    steps, _, cache, cache_mask, lengths_out, _, _, toks, lp_raw, lp_samp = jax.lax.while_loop(
+             jnp.zeros((b, max_new), jnp.int32), zeros, zeros, choice_ids[:, :, 0] >= 0)
+    steps, _, cache, cache_mask, lengths_out, _, _, toks, lp_raw, lp_samp, _ = jax.lax.while_loop(
         cond, body, carry)
     counts = lengths_out - lengths
     return toks, lp_raw, lp_samp, counts, cache, cache_mask, lengths_out, steps
@@ -418,11 +450,15 @@ class Sampler:
     # -- calls
 
     def extend(self, state: DecodeState, chunks: Sequence[Sequence[int]], max_new: int,
-               sampling: SamplingParams, key) -> tuple[DecodeState, ChunkOutput]:
+               sampling: SamplingParams, key, choices=None,
+               choice_width: int = DEFAULT_CHOICE_WIDTH) -> tuple[DecodeState, ChunkOutput]:
         """Appends `chunks[b]` to row b and samples up to `max_new` tokens after it.
 
         chunks: one token list per row of the state (an empty list: the row sits this call
-        out and samples nothing). Returns the new state and the sampled tokens.
+        out and samples nothing). choices: optional, per row a list of commands as token
+        ids (None or [] for a free row): constrained decoding (see `data.choices`), the raw
+        log-probs are then those of the constrained distribution. Returns the new state and
+        the sampled tokens.
         """
         if len(chunks) != state.batch:
             raise ValueError(f"extend(): {len(chunks)} chunks for a state of {state.batch} rows")
@@ -443,12 +479,29 @@ class Sampler:
         toks, lp_raw, lp_samp, counts, cache, cache_mask, lengths, steps = _extend(
             graphdef, params, state.cache, state.cache_mask, jnp.int32(state.cache_index),
             self._place_rows(ids), self._place_rows(mask), self._place_rows(state.lengths),
-            key, self._stop_table, self._allowed, max_new=int(max_new), sampling=sampling)
+            key, self._stop_table, self._allowed,
+            self._place_rows(self._choice_array(choices, state.batch, max_new)),
+            max_new=int(max_new), sampling=sampling, choice_width=int(choice_width))
         toks, lp_raw, lp_samp, counts, lengths, steps = jax.device_get(
             (toks, lp_raw, lp_samp, counts, lengths, steps))
         new_state = DecodeState(cache, cache_mask, state.cache_index + p + int(steps),
                                 np.asarray(lengths, np.int32))
         return new_state, ChunkOutput(toks, lp_raw, lp_samp, np.asarray(counts))
+
+    @staticmethod
+    def _choice_array(choices, batch: int, max_new: int) -> np.ndarray:
+        """[B, C, max_new] int32 of the rows' commands (-1 padded; [B, 1, 1] when none)."""
+        if not choices or not any(choices):
+            return np.full((batch, 1, 1), -1, np.int32)
+        if len(choices) != batch:
+            raise ValueError(f"extend(): {len(choices)} choice lists for {batch} rows")
+        width = bucket(max(len(c or ()) for c in choices), CHOICE_BUCKETS)
+        out = np.full((batch, width, max_new), -1, np.int32)
+        for row, commands in enumerate(choices):
+            for k, ids in enumerate(commands or ()):
+                ids = list(ids)[:max_new]
+                out[row, k, :len(ids)] = ids
+        return out
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
                  sampling: SamplingParams = SamplingParams(), key=None) -> GenerationResult:

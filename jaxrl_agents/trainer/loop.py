@@ -284,6 +284,7 @@ class Trainer:
             pad_id=self.pad_id,
             length_buckets=cfg.rollout.length_buckets,
             row_multiple=shares.local_batch_shards(self.mesh, count),
+            choice_width=cfg.rollout.choice_width if cfg.rollout.constrain_actions else None,
         )
         return trajs, batch
 

@@ -106,8 +106,7 @@ def _forward(model, batch: dict):
     last real token [B] (for truncated episodes)."""
     ids, valid = batch["input_ids"], batch["valid"]
     logits, values = model.logits_and_values(ids, batch["positions"], valid)
-    logp = kernels.next_token_logprobs(logits, ids)
-    ent = kernels.shift_right(kernels.token_entropy(logits))
+    logp, ent = kernels.next_token_logprobs_and_entropy(logits, ids, batch.get("allowed"))
     last = jnp.maximum(valid.sum(axis=1) - 1, 0)
     last_value = jnp.take_along_axis(values, last[:, None], axis=1)[:, 0]
     return logp, ent, kernels.shift_right(values), last_value
@@ -116,7 +115,9 @@ def _forward(model, batch: dict):
 def _ref_logprobs(ref_graphdef, ref_params, batch):
     ref = nnx.merge(ref_graphdef, ref_params)
     logits = ref(batch["input_ids"], batch["positions"], batch["valid"])
-    return kernels.next_token_logprobs(logits, batch["input_ids"])
+    logp, _ = kernels.next_token_logprobs_and_entropy(logits, batch["input_ids"],
+                                                      batch.get("allowed"))
+    return logp
 
 
 def _advantages(hp: RLHyper, rewards, values, mask, last_value, group_ids):
@@ -195,7 +196,7 @@ def prepare(
         _old_values_and_ref_logprobs, graphdef, ref_graphdef, state.params, state.ref_params
     )
     rows = batch["input_ids"].shape[0]
-    inputs = {k: batch[k] for k in ("input_ids", "positions", "valid")}
+    inputs = {k: batch[k] for k in ("input_ids", "positions", "valid", "allowed") if k in batch}
     values, last_value, ref_logp = map_row_chunks(
         forward, inputs, chunk_rows(rows, max_chunk_rows or rows)
     )

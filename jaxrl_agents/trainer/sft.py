@@ -24,17 +24,26 @@ TARGETS = ("actions", "all")
 
 def sft_loss(graphdef, params, batch: dict, target: str = "actions"):
     """Mean negative log-likelihood of the action tokens (target "actions") or of every
-    token after the first (target "all": language modelling of whole episodes).
-    Returns (loss, metrics)."""
+    token after the first (target "all": language modelling of whole episodes). With
+    `batch["allowed"]` (constrained decoding) an action token's likelihood is among its
+    allowed ids only. Returns (loss, metrics)."""
     model = nnx.merge(graphdef, params)
     logits = model(batch["input_ids"], batch["positions"], batch["valid"])
-    logp = kernels.next_token_logprobs(logits, batch["input_ids"])
+    allowed = batch.get("allowed")
+    logp, _ = kernels.next_token_logprobs_and_entropy(logits, batch["input_ids"], allowed)
     if target == "all":
         mask = batch["valid"].astype(jnp.float32).at[:, 0].set(0.0)
     else:
         mask = batch["action_mask"]
     nll = -kernels.masked_mean(logp, mask)
-    predicted = kernels.shift_right(jnp.argmax(logits, axis=-1))
+    predicted = kernels.shift_right(jnp.argmax(logits, axis=-1))  # (B, T): aligned
+    if allowed is not None:  # constrained tokens: the argmax among their allowed ids
+        ids = allowed[:, 1:]  # (B, T-1, K), predicted by logits[:, :-1]
+        picked = jnp.take_along_axis(logits[:, :-1], jnp.maximum(ids, 0), axis=-1)
+        top = jnp.argmax(jnp.where(ids >= 0, picked, -jnp.inf), axis=-1)
+        best = jnp.take_along_axis(ids, top[..., None], axis=-1)[..., 0]
+        best = jnp.pad(best, ((0, 0), (1, 0)), constant_values=-1)
+        predicted = jnp.where((allowed >= 0).any(axis=-1), best, predicted)
     accuracy = kernels.masked_mean((predicted == batch["input_ids"]).astype(jnp.float32), mask)
     return nll, {"sft/loss": nll, "sft/token_accuracy": accuracy}
 
@@ -81,6 +90,7 @@ class SFTTrainer:
         max_grad_norm: float = 1.0,
         pad_id: int = 0,
         length_buckets: Sequence[int] = (128, 256, 512, 1024),
+        choice_width: int | None = None,
     ):
         self.policy = policy
         self.batch_size, self.epochs = batch_size, epochs
@@ -90,6 +100,7 @@ class SFTTrainer:
             raise ValueError(f"SFT target {target!r}; one of {list(TARGETS)}")
         self.target = target
         self.pad_id, self.length_buckets = pad_id, tuple(length_buckets)
+        self.choice_width = choice_width  # set: trajectories' recorded choices restrict SFT
         self.tx = optim.adam(optax.constant_schedule(learning_rate), max_grad_norm)
         self.graphdef, _ = nnx.split(policy)
         self._step = jax.jit(functools.partial(_train_step, self.graphdef, self.tx, target))
@@ -108,10 +119,12 @@ class SFTTrainer:
             max_grad_norm=cfg.rl.max_grad_norm,
             pad_id=pad_id,
             length_buckets=cfg.rollout.length_buckets,
+            choice_width=cfg.rollout.choice_width if cfg.rollout.constrain_actions else None,
         )
 
     def _pack(self, trajs: Sequence[Trajectory]) -> dict:
-        batch: Batch = pack(trajs, pad_id=self.pad_id, length_buckets=self.length_buckets)
+        batch: Batch = pack(trajs, pad_id=self.pad_id, length_buckets=self.length_buckets,
+                            choice_width=self.choice_width)
         return {k: jnp.asarray(v) for k, v in batch.as_dict().items()}
 
     def evaluate(self, params, trajs: Sequence[Trajectory]) -> dict:

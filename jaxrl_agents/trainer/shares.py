@@ -49,6 +49,7 @@ def pack_share(
     pad_id: int,
     length_buckets: Sequence[int],
     row_multiple: int = 1,
+    choice_width: int | None = None,
 ) -> Batch:
     """Process `index`'s rows of the global batch of `trajectories` (the same list on
     every process; whole groups in order).
@@ -62,7 +63,8 @@ def pack_share(
     largest = -(-groups // count) * group_size
     num_rows = -(-largest // row_multiple) * row_multiple
     length = bucket(max(len(t) for t in trajectories), length_buckets)
-    batch = pack(trajectories[rows], pad_id=pad_id, length_buckets=(length,), row_multiple=num_rows)
+    batch = pack(trajectories[rows], pad_id=pad_id, length_buckets=(length,),
+                 row_multiple=num_rows, choice_width=choice_width)
     batch.group_ids[batch.row_valid == 0] -= index * num_rows
     return batch
 

@@ -141,3 +141,45 @@ def test_next_token_logprobs_aligns_with_targets():
         for t in range(1, 4):
             assert got[b, t] == pytest.approx(logp[b, t - 1, ids[b, t]], rel=1e-5)
     np.testing.assert_array_equal(kernels.shift_right(np.ones((1, 3)))[0], [0, 1, 1])
+
+
+def _np_log_softmax(x):
+    x = x - x.max(axis=-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+
+def test_next_token_logprobs_and_entropy_match_numpy_with_and_without_restriction():
+    rng = np.random.default_rng(0)
+    b, t, v, k = 3, 7, 11, 4
+    logits = rng.normal(size=(b, t, v)).astype(np.float32) * 2
+    ids = rng.integers(0, v, size=(b, t)).astype(np.int32)
+    allowed = np.full((b, t, k), -1, np.int32)
+    # Restrict a few tokens to random id sets that contain them (one of a single id).
+    for (row, col, n) in [(0, 2, 3), (0, 3, 1), (1, 6, 4), (2, 1, 2)]:
+        others = [i for i in rng.permutation(v) if i != ids[row, col]][: n - 1]
+        allowed[row, col, :n] = sorted([ids[row, col], *others])
+    logp, ent = kernels.next_token_logprobs_and_entropy(jnp.asarray(logits), ids, allowed)
+    free_logp, free_ent = kernels.next_token_logprobs_and_entropy(jnp.asarray(logits), ids)
+    np.testing.assert_allclose(free_logp, kernels.next_token_logprobs(logits, ids), atol=1e-6)
+    np.testing.assert_allclose(free_ent, kernels.shift_right(kernels.token_entropy(logits)),
+                               atol=1e-5)
+    want_logp, want_ent = np.zeros((b, t)), np.zeros((b, t))
+    for row in range(b):
+        for col in range(1, t):
+            ok = allowed[row, col][allowed[row, col] >= 0]
+            ids_here = ok if len(ok) else np.arange(v)
+            lp = _np_log_softmax(logits[row, col - 1, ids_here].astype(np.float64))
+            want_logp[row, col] = lp[list(ids_here).index(ids[row, col])]
+            want_ent[row, col] = -(np.exp(lp) * lp).sum()
+    np.testing.assert_allclose(logp, want_logp, atol=1e-5)
+    np.testing.assert_allclose(ent, want_ent, atol=1e-5)
+    assert logp[0, 3] == 0.0 and ent[0, 3] == pytest.approx(0.0, abs=1e-6)  # one allowed id
+    grad = jax.grad(lambda x: kernels.next_token_logprobs_and_entropy(x, ids, allowed)[0].sum()
+                    + kernels.next_token_logprobs_and_entropy(x, ids, allowed)[1].sum())(
+        jnp.asarray(logits))
+    assert np.isfinite(np.asarray(grad)).all()
+    # Logits outside a restricted token's allowed ids get no gradient from its log-prob.
+    g = jax.grad(lambda x: kernels.next_token_logprobs_and_entropy(x, ids, allowed)[0][0, 2])(
+        jnp.asarray(logits))
+    outside = np.setdiff1d(np.arange(v), allowed[0, 2])
+    assert np.all(np.asarray(g)[0, 1, outside] == 0.0)

@@ -238,3 +238,26 @@ def test_gold_actions_win_a_textworld_game(model, tokenizer, tmp_path):
     np.testing.assert_allclose(traj.rewards[traj.turn_ends], rewards)
     expected = chat_ids(tokenizer, d.renderer.conversation(observations, gold))
     assert list(traj.tokens) == expected[:len(traj)]
+
+
+def test_constrained_actions_are_always_offered_commands(model, tokenizer, pool):
+    """With constrain_actions an untrained policy still only plays offered commands; the
+    turn's commands are recorded, and a fresh forward pass restricted to the packed
+    `allowed` ids gives the sampled log-probs back."""
+    from jaxrl_agents import kernels
+
+    d = driver(model, tokenizer, pool, temperature=1.0, max_action_tokens=8,
+               constrain_actions=True, max_steps=5)
+    trajs = d.run([0, 1, 2], jax.random.key(1))
+    for traj in trajs:
+        offered, actions = traj.info["admissible"], traj.info["actions"]
+        assert actions and all(a in offered[k] for k, a in enumerate(actions))
+        assert len(traj.info["choices"]) == traj.num_turns
+        check_layout(traj, d.renderer, max_action_tokens=8)
+    batch = pack(trajs, length_buckets=(512,), choice_width=d.choice_width)
+    logits = jax.jit(model.__call__)(batch.input_ids, attention_mask=batch.valid)
+    logp, _ = kernels.next_token_logprobs_and_entropy(logits, batch.input_ids, batch.allowed)
+    np.testing.assert_allclose(np.asarray(logp) * batch.action_mask, batch.old_logprobs,
+                               atol=1e-5)
+    gold = d.run([0], forced_actions="gold")[0]  # forced actions record the choices too
+    assert len(gold.info["choices"]) == gold.num_turns and gold.won

@@ -247,3 +247,47 @@ def _child():
 
 if __name__ == "__main__":
     _child()
+
+
+@pytest.mark.parametrize("params", [SamplingParams(0.0), SamplingParams(1.0)], ids=str)
+def test_constrained_decoding_emits_only_offered_commands(checkpoint, params):
+    """Every row ends with exactly one of its commands (or is free when it has none); the
+    raw log-probs are those of the softmax over the allowed ids, and the learner's kernel
+    recomputes the same numbers from the packed trajectory."""
+    from jaxrl_agents import kernels
+    from jaxrl_agents.data import ACTION, PROMPT, Trajectory, pack
+
+    model, *_ = checkpoint
+    stop = 1
+    commands = [[[20, 21, stop], [20, 22, 23, stop], [30, stop]],
+                [[40, 41, 42, 43, stop], [40, 41, 44, stop]],
+                [],  # free
+                [[50, stop]]]
+    prompts = PROMPTS + [[5, 9, 13]]
+    sampler = Sampler(model, stop_token_ids=[stop])
+    for seed in range(4):
+        state = sampler.new_state(sampler.batch_size(len(prompts)), 64)
+        chunks = prompts + [[]] * (state.batch - len(prompts))
+        choices = commands + [[]] * (state.batch - len(prompts))
+        _, out = sampler.extend(state, chunks, MAX_NEW, params, jax.random.key(seed), choices)
+        toks = [list(map(int, out.tokens[r, :out.num_tokens[r]])) for r in range(len(prompts))]
+        for row in (0, 1, 3):
+            assert toks[row] in commands[row]
+        rows = [p + t for p, t in zip(prompts, toks)]
+        trajs = [Trajectory(tokens=r, token_type=[PROMPT] * len(p) + [ACTION] * len(t),
+                            logprobs=[0.0] * len(p) + list(out.logprobs[i, :len(t)]),
+                            rewards=[0.0] * len(r), turn_ends=[len(r) - 1],
+                            info={"choices": [commands[i]]})
+                 for i, (p, t, r) in enumerate(zip(prompts, toks, rows))]
+        batch = pack(trajs, length_buckets=(32,), choice_width=64)
+        logits = np.stack([np.pad(x, ((0, 32 - len(x)), (0, 0)))
+                           for x in teacher_forced_logits(model, rows)])
+        logp, _ = kernels.next_token_logprobs_and_entropy(logits, batch.input_ids, batch.allowed)
+        np.testing.assert_allclose(np.asarray(logp) * batch.action_mask, batch.old_logprobs,
+                                   atol=1e-4)
+        if params.greedy:
+            break
+    if params.greedy:  # the free row decodes as in an unconstrained call
+        state = sampler.new_state(sampler.batch_size(len(prompts)), 64)
+        _, free = sampler.extend(state, chunks, MAX_NEW, params, jax.random.key(0))
+        np.testing.assert_array_equal(free.tokens[2], out.tokens[2])
