@@ -213,8 +213,8 @@ class EpisodeDriver:
     share a group id. max_steps: the driver's own step budget (None: the envs' budgets).
     overlap: split the batch in two half-batches that alternate with the envs.
     constrain_actions: sample each action only among the commands the env offers
-        (`admissible_commands`), token by token (see `data.choices`); the turn's commands
-        are recorded in `info["choices"]` (forced actions too) so the learner recomputes
+        (`admissible_commands`), token by token (see `data.choices`); an offered command
+        longer than `max_action_tokens` is not cut. The turn's commands are recorded in `info["choices"]` (forced actions too) so the learner recomputes
         log-probs under the same restriction. choice_width: a step with more distinct
         candidate tokens than this is not restricted.
     mesh: optional mesh for the sampler's cache (parameters already sharded).
@@ -411,19 +411,20 @@ class EpisodeDriver:
             if budget is not None and ep.steps >= budget:
                 ep.end("step_budget", truncated=True)
                 continue
-            if len(ep.record) + len(ep.pending) + self.max_action_tokens > self.max_context:
+            choices = self._choices_of(ep) if self.constrain_actions else None
+            if len(ep.record) + len(ep.pending) + self._action_room(choices) > self.max_context:
                 ep.end("context", truncated=True)
                 continue
             if forced and ep.forced_exhausted():
                 ep.end("forced_actions_exhausted", truncated=True)
                 continue
             acting.append(ep)
+            if choices is not None:
+                ep.record.choices.append(choices)
         if not acting:
             return []
         for ep in acting:
             ep.record.add_prompt(ep.pending)
-            if self.constrain_actions:
-                ep.record.choices.append(self._choices_of(ep))
         if forced:
             for ep in acting:
                 text = ep.forced_action()
@@ -433,6 +434,15 @@ class EpisodeDriver:
         for ep in acting:
             ep.pending = []
         return acting
+
+    def _action_room(self, choices) -> int:
+        """Tokens an action may take: `max_action_tokens`, or more when an offered command
+        is longer (constrained decoding never cuts a command), rounded up to a multiple of 8
+        (each length is a compiled program)."""
+        longest = max((len(c) for c in choices or ()), default=0)
+        if longest <= self.max_action_tokens:
+            return self.max_action_tokens
+        return -(-longest // 8) * 8
 
     def _choices_of(self, ep: _Episode) -> list[list[int]]:
         """The commands offered in the episode's current state, as action token ids."""
@@ -455,8 +465,10 @@ class EpisodeDriver:
                 choices[rows[id(ep)]] = ep.record.choices[-1]
         self._calls += 1
         call_key = jax.random.fold_in(key, self._calls)
-        lane.state, out = self.sampler.extend(lane.state, chunks, self.max_action_tokens,
-                                              sampling, call_key, choices, self.choice_width)
+        room = max(self._action_room(ep.record.choices[-1] if choices is not None else None)
+                   for ep in acting)
+        lane.state, out = self.sampler.extend(lane.state, chunks, room, sampling, call_key,
+                                              choices, self.choice_width)
         for ep in acting:
             row = rows[id(ep)]
             n = int(out.num_tokens[row])

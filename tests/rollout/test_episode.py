@@ -246,14 +246,16 @@ def test_constrained_actions_are_always_offered_commands(model, tokenizer, pool)
     `allowed` ids gives the sampled log-probs back."""
     from jaxrl_agents import kernels
 
-    d = driver(model, tokenizer, pool, temperature=1.0, max_action_tokens=8,
+    # One action token allowed, but offered commands are never cut.
+    d = driver(model, tokenizer, pool, temperature=1.0, max_action_tokens=1,
                constrain_actions=True, max_steps=5)
     trajs = d.run([0, 1, 2], jax.random.key(1))
+    assert max(len(ids) for t in trajs for turn in t.info["choices"] for ids in turn) > 1
     for traj in trajs:
         offered, actions = traj.info["admissible"], traj.info["actions"]
         assert actions and all(a in offered[k] for k, a in enumerate(actions))
         assert len(traj.info["choices"]) == traj.num_turns
-        check_layout(traj, d.renderer, max_action_tokens=8)
+        check_layout(traj, d.renderer)
     batch = pack(trajs, length_buckets=(512,), choice_width=d.choice_width)
     logits = jax.jit(model.__call__)(batch.input_ids, attention_mask=batch.valid)
     logp, _ = kernels.next_token_logprobs_and_entropy(logits, batch.input_ids, batch.allowed)
