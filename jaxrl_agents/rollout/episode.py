@@ -214,7 +214,8 @@ class EpisodeDriver:
     overlap: split the batch in two half-batches that alternate with the envs.
     constrain_actions: sample each action only among the commands the env offers
         (`admissible_commands`), token by token (see `data.choices`); an offered command
-        longer than `max_action_tokens` is not cut. The turn's commands are recorded in `info["choices"]` (forced actions too) so the learner recomputes
+        longer than `max_action_tokens` is not cut. The turn's commands are recorded
+        in `info["choices"]` (forced actions too) so the learner recomputes
         log-probs under the same restriction. choice_width: a step with more distinct
         candidate tokens than this is not restricted.
     mesh: optional mesh for the sampler's cache (parameters already sharded).
