@@ -141,3 +141,27 @@ def test_every_experiment_config_loads():
     for name in sorted(os.listdir("configs")):
         if name.endswith(".py") and name != "__init__.py":
             load_config(os.path.join("configs", name))
+
+
+@pytest.mark.slow
+def test_rl_success_rises_on_a_toy_task(tmp_path):
+    """PPO from scratch (no SFT) on four toy count tasks with one step each, actions
+    constrained to the five offered numbers: a random policy wins 1 in 5; 30 updates of 16
+    episodes (4 per task) more than double that. Measured: seeds 0 and 1 went from 0.33 over
+    the first three updates to 0.65 and 0.80 over the last five."""
+    cmd = _train_cmd(
+        tmp_path, "rise",
+        **{"env.size": 1, "env.max_steps": 1, "env.num_train_tasks": 4,
+           "env.num_eval_tasks": 4, "sft.enabled": False, "rollout.constrain_actions": True,
+           "rollout.episodes_per_batch": 16, "rollout.group_size": 4,
+           "rl.episodes_per_epoch": 480, "rl.minibatch_size": 8, "rl.ppo_epochs": 2,
+           "checkpoint.every": 0},
+    )
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    assert done.returncode == 0, done.stderr[-3000:]
+    success = [r["charts/success"] for r in read_metrics(str(tmp_path / "rise"))
+               if "charts/success" in r]
+    assert len(success) == 30
+    first, last = sum(success[:3]) / 3, sum(success[-5:]) / 5
+    assert first < 0.45, success
+    assert last >= first + 0.25, success
