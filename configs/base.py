@@ -79,7 +79,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.env.step_penalty = 0.0  # reward added to every step (negative = cost)
     c.env.invalid_penalty = 0.0  # reward added for an invalid action
     c.env.max_steps = 0  # step budget per episode; 0 = 2x the task's optimal steps
-    c.env.obs_format = "template"  # template ([Room]/[Items]/[Goal]/[Feedback]) | compact | raw
+    c.env.obs_format = "template"  # template | compact | compact_goal | raw (envs.base)
 
     # --- algo: the RL objective -------------------------------------------------------------
     c.algo = ml_collections.ConfigDict()

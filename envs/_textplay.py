@@ -8,7 +8,14 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from envs.base import TEXT_OBS_FORMATS, SpecError, StepResult, clean_action, render_state
+from envs.base import (
+    COMPACT_FORMATS,
+    TEXT_OBS_FORMATS,
+    SpecError,
+    StepResult,
+    clean_action,
+    render_state,
+)
 
 SPLITS = ("train", "eval")
 # A game's seed is SPLIT_OFFSET[split] + index, with 0 <= index < SPLIT_STRIDE, so the
@@ -59,13 +66,15 @@ def get_obs_format(spec: Mapping) -> str:
 
 def render_text_state(obs_format: str, *, first: bool, room: str, items, goal: str,
                       feedback: str, actions: list[str]) -> str:
-    """A text game's observation in the "template" or "compact" format (see envs.base).
+    """A text game's observation in the "template" or a compact format (see envs.base).
 
-    compact: `room` should be the room's name only; the goal is shown when `first` only.
+    compact: `room` should be the room's name only; the goal is shown when `first` only
+    ("compact") or on every turn ("compact_goal").
     """
-    if obs_format != "compact":
+    if obs_format not in COMPACT_FORMATS:
         return render_state(room=room, items=items, goal=goal, feedback=feedback)
-    return render_state(room=room, items=items, goal=goal if first else "",
+    show_goal = first or obs_format == "compact_goal"
+    return render_state(room=room, items=items, goal=goal if show_goal else "",
                         feedback=feedback, actions=sorted(actions))
 
 

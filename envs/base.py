@@ -19,8 +19,10 @@ from typing import Any, Protocol, runtime_checkable
 OBS_FORMATS = ("template", "raw")
 # Text games also offer "compact": the template plus an [Actions] line listing the admissible
 # commands, the goal shown on the first turn only and the room by name (its description
-# arrives as feedback), so an episode costs a fraction of the tokens.
-TEXT_OBS_FORMATS = OBS_FORMATS + ("compact",)
+# arrives as feedback), so an episode costs a fraction of the tokens; "compact_goal" is
+# the same with the goal on every turn (a small model need not look far back for it).
+COMPACT_FORMATS = ("compact", "compact_goal")
+TEXT_OBS_FORMATS = OBS_FORMATS + COMPACT_FORMATS
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,7 +12,8 @@ Spec keys (all optional):
     step_penalty: cost paid every step (default 0); invalid_penalty: extra cost of an action
         that is not admissible (default 0).
     max_steps: step budget (default 2 x the walkthrough's length).
-    obs_format: "template" (the shared [Room]/[Items]/[Goal]/[Feedback] state) | "raw".
+    obs_format: "template" (the shared [Room]/[Items]/[Goal]/[Feedback] state) | "raw" |
+        "compact" / "compact_goal" (see envs.base).
     cache_dir: where games are stored (default $JAXRL_CACHE/textworld or
         ~/.cache/jaxrl_agents/textworld).
 
@@ -32,7 +33,14 @@ from collections.abc import Sequence
 import numpy as np
 
 from envs import _gamecache, _textplay
-from envs.base import SpecError, StepResult, TaskSpec, check_spec_keys, render_state
+from envs.base import (
+    COMPACT_FORMATS,
+    SpecError,
+    StepResult,
+    TaskSpec,
+    check_spec_keys,
+    render_state,
+)
 
 FAMILY = "textworld"
 SPEC_KEYS = frozenset({
@@ -290,10 +298,10 @@ class TextWorldEnv:
         first = self.steps == 0
         if self.obs_format == "raw":
             obs = raw
-        elif self.obs_format == "compact":
+        elif self.obs_format in COMPACT_FORMATS:
             name, text = _room_parts(gs["description"])
             obs = _textplay.render_text_state(
-                "compact", first=first, room=name or text,
+                self.obs_format, first=first, room=name or text,
                 items=_textplay.one_line(gs["inventory"]),
                 goal=_textplay.one_line(gs["objective"]),
                 feedback=text if first else _room(feedback),

@@ -28,7 +28,7 @@ CHOICES: dict[str, tuple] = {
     "tokenizer.chat_template": ("chat", "plain"),
     "env.family": ("textworld", "alfworld", "code", "toy"),
     "env.reward_density": ("sparse", "every_k", "dense"),
-    "env.obs_format": ("template", "compact", "raw"),
+    "env.obs_format": ("template", "compact", "compact_goal", "raw"),
     "algo.estimator": ("gae", "turn_gae", "bilevel_gae", "rloo", "grpo", "reinforce_pp"),
     "algo.loss_agg": ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean"),
     "kl.kind": ("k1", "k2", "k3"),

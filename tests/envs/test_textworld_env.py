@@ -191,3 +191,15 @@ def test_compact_format_lists_actions_and_shows_the_goal_once(tw_cache):
         assert first.observation.split("\n")[2] == "[Goal] "  # shown on the first turn only
     assert first.won
     env.close()
+
+
+def test_compact_goal_format_shows_the_goal_on_every_turn(tw_cache):
+    env = make(tw_cache, obs_format="compact_goal", **TRAIN[-1])
+    result = env.reset()
+    goal = result.observation.split("\n")[2]
+    assert len(goal) > len("[Goal] ")
+    for action in env.task.gold_actions:
+        result = env.step(action)
+        assert result.observation.split("\n")[2] == goal
+    assert result.won
+    env.close()
