@@ -172,6 +172,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.curriculum.eval_every_epochs = 5  # epochs between curriculum decisions
     c.curriculum.replay_share = 0.10  # share of every batch drawn from earlier stages
     c.curriculum.eval_past_every_epochs = 10  # held-out eval of all stages reached; 0 = off
+    c.curriculum.ewc_coef = 0.0  # EWC penalty on leaving a stage (diagonal Fisher); 0 = off
+    c.curriculum.ewc_decay = 1.0  # weight kept by earlier stages' Fisher at each new stage
 
     # --- budget: per-task step budgets adapted to success (see trainer/budget.py) -----------
     c.budget = ml_collections.ConfigDict()

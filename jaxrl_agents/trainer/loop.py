@@ -300,6 +300,10 @@ class Trainer:
         metrics.update(stats)
         metrics.update(self.reward_metrics)
         metrics.update(self.schedule.observe(update, trajs))
+        if metrics.get("curriculum/move") == 1.0 and self.cfg.curriculum.ewc_coef > 0:
+            # EWC: the stage just left (this batch, these parameters) becomes the anchor.
+            self.state = self.learner.consolidate(self.state, batch)
+            metrics["curriculum/ewc_consolidated"] = 1.0
         tokens = distributed.allgather_rows(np.array([batch.valid.sum()])).sum()  # all rows
         metrics.update(
             {

@@ -28,7 +28,7 @@ from flax import nnx
 from jaxrl_agents import distributed, kernels, sharding
 from jaxrl_agents.config import check_groups
 from jaxrl_agents.data import Batch
-from jaxrl_agents.trainer import optim
+from jaxrl_agents.trainer import ewc, optim
 from jaxrl_agents.trainer.kl_control import KLController
 
 
@@ -53,6 +53,8 @@ class RLHyper:
     normalize_advantages: bool = True
     kl_kind: str = "k1"
     kl_where: str = "reward"
+    ewc_coef: float = 0.0  # EWC penalty weight (0 = off; see trainer/ewc.py)
+    ewc_decay: float = 1.0  # weight of the earlier stages' Fisher at each consolidation
 
     @property
     def uses_critic(self) -> bool:
@@ -79,6 +81,8 @@ class RLHyper:
             normalize_advantages=a.normalize_advantages,
             kl_kind=cfg.kl.kind,
             kl_where=cfg.kl.where,
+            ewc_coef=cfg.curriculum.ewc_coef,
+            ewc_decay=cfg.curriculum.ewc_decay,
         )
 
 
@@ -90,7 +94,9 @@ class LearnerState:
     params: nnx.State of the ActorCritic; opt_state: optax state; ref_params: nnx.State
     of the frozen reference policy; step: optimizer steps taken; skipped: steps skipped
     for a non-finite loss or gradient; master: float32 copy of `params` that the optimizer
-    updates (rl.master_weights = float32, for bfloat16 params), else None.
+    updates (rl.master_weights = float32, for bfloat16 params), else None. ewc_anchor /
+    ewc_fisher: with EWC on, the parameters and the diagonal Fisher the penalty holds the
+    policy to (trees like `params`; the Fisher is 0 until the first consolidation), else None.
     """
 
     params: Any
@@ -99,6 +105,8 @@ class LearnerState:
     step: jax.Array
     skipped: jax.Array
     master: Any = None
+    ewc_anchor: Any = None
+    ewc_fisher: Any = None
 
 
 def _forward(model, batch: dict):
@@ -218,8 +226,15 @@ def prepare(
     return extras, metrics
 
 
-def loss_fn(hp: RLHyper, graphdef, params, mb: dict, kl_coef, policy_coef):
-    """Scalar loss and its metrics on one micro-batch (arrays [b, T])."""
+def episode_logprobs(graphdef, params, rows: dict):
+    """Summed log-likelihood of each row's action tokens under the policy: [b]."""
+    logp, _, _, _ = _forward(nnx.merge(graphdef, params), rows)
+    return (logp * rows["action_mask"]).sum(axis=1)
+
+
+def loss_fn(hp: RLHyper, graphdef, params, mb: dict, kl_coef, policy_coef, ewc_state=None):
+    """Scalar loss and its metrics on one micro-batch (arrays [b, T]); `ewc_state`:
+    (anchor, fisher) of the EWC penalty, or None."""
     model = nnx.merge(graphdef, params)
     logp, ent, values, _ = _forward(model, mb)
     mask = mb["action_mask"]
@@ -249,6 +264,10 @@ def loss_fn(hp: RLHyper, graphdef, params, mb: dict, kl_coef, policy_coef):
         loss = loss + hp.value_coef * vf
         metrics["losses/value"] = vf
         metrics.update({f"losses/{k}": v for k, v in vf_metrics.items()})
+    if ewc_state is not None:
+        ewc_loss = ewc.penalty(params, *ewc_state)
+        loss = loss + hp.ewc_coef * ewc_loss
+        metrics["losses/ewc"] = ewc_loss
     metrics.update(
         {
             "losses/policy": pg,
@@ -308,7 +327,8 @@ def train_step(hp, graphdef, tx, state: LearnerState, micro: dict, kl_coef, poli
 
     def loss_of(trainable, mb):
         params = _cast_like(trainable, state.params)
-        return loss_fn(hp, graphdef, params, mb, kl_coef, policy_coef)
+        ewc_state = None if state.ewc_fisher is None else (state.ewc_anchor, state.ewc_fisher)
+        return loss_fn(hp, graphdef, params, mb, kl_coef, policy_coef, ewc_state)
 
     grad_fn = jax.value_and_grad(loss_of, has_aux=True)
 
@@ -336,8 +356,22 @@ def train_step(hp, graphdef, tx, state: LearnerState, micro: dict, kl_coef, poli
         step=state.step + 1,
         skipped=state.skipped + (1 - finite.astype(jnp.int32)),
         master=keep(new_master, state.master),
+        ewc_anchor=state.ewc_anchor,
+        ewc_fisher=state.ewc_fisher,
     )
     return new_state, metrics
+
+
+def consolidate(hp: RLHyper, graphdef, state: LearnerState, batch: dict) -> LearnerState:
+    """EWC at the end of a stage: the Fisher of the policy on `batch` (the stage's episodes)
+    joins the earlier ones (`hp.ewc_decay`) and the current parameters become the anchor."""
+    fisher = ewc.diagonal_fisher(functools.partial(episode_logprobs, graphdef), state.params,
+                                 batch)
+    return dataclasses.replace(
+        state,
+        ewc_anchor=jax.tree.map(jnp.copy, state.params),
+        ewc_fisher=ewc.merge(state.ewc_fisher, fisher, hp.ewc_decay),
+    )
 
 
 class RLLearner:
@@ -395,6 +429,7 @@ class RLLearner:
             donate_argnums=(0,),
             **self._step_shardings(actor_critic),
         )
+        self._consolidate = jax.jit(functools.partial(consolidate, hp, self.graphdef))
         self.updates = 0
 
     def _step_shardings(self, actor_critic) -> dict:
@@ -422,6 +457,10 @@ class RLLearner:
         master = None
         if self.master_weights:
             master = jax.tree.map(lambda x: x.astype(jnp.float32), params)
+        anchor = fisher = None
+        if self.hp.ewc_coef > 0:  # allocated from the start: one checkpoint layout per run
+            anchor = jax.tree.map(jnp.copy, params)
+            fisher = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), params)
         return LearnerState(
             params=params,
             opt_state=self.tx.init(params if master is None else master),
@@ -429,6 +468,8 @@ class RLLearner:
             step=jnp.zeros((), jnp.int32),
             skipped=jnp.zeros((), jnp.int32),
             master=master,
+            ewc_anchor=anchor,
+            ewc_fisher=fisher,
         )
 
     def _device_arrays(self, batch: Batch) -> dict:
@@ -444,6 +485,14 @@ class RLLearner:
             return micro
         spec = jax.sharding.PartitionSpec(None, sharding.BATCH_AXES)
         return jax.device_put(micro, jax.sharding.NamedSharding(self.mesh, spec))
+
+    def consolidate(self, state: LearnerState, batch: Batch) -> LearnerState:
+        """EWC: anchors the penalty at the current parameters, with the Fisher of the
+        policy on `batch` added (a stage's last episodes; see `consolidate`)."""
+        if self.hp.ewc_coef <= 0:
+            raise ValueError("EWC is off (curriculum.ewc_coef = 0): nothing to consolidate")
+        state = self._consolidate(state, self._device_arrays(batch))
+        return state if self.mesh is None else sharding.shard_params(state, self.mesh)
 
     def update(self, state: LearnerState, batch: Batch, key) -> tuple[LearnerState, dict]:
         arrays = self._device_arrays(batch)

@@ -185,6 +185,7 @@ RUN = (
     "curriculum.demote_below=0.0",
     "curriculum.replay_share=0.25",
     "curriculum.eval_past_every_epochs=2",
+    "curriculum.ewc_coef=1.0",
 )
 
 
@@ -198,9 +199,16 @@ def test_a_toy_run_promotes_and_resumes_at_its_stage(tmp_path):
     assert "tasks/toy/count-2/success" not in rows[1]  # update 1 played stage 0 only
     assert "tasks/toy/count-2/success" in rows[2]
     assert {"curriculum/eval/toy/guess-1", "curriculum/eval/toy/count-2"} <= set(rows[2])
+    # EWC: the promotion anchored the penalty at the parameters after update 1 (one
+    # optimizer step per update here, so update 2's step starts at the anchor).
+    assert rows[1]["curriculum/ewc_consolidated"] == 1.0
+    assert rows[1]["losses/ewc"] == 0.0 and rows[2]["losses/ewc"] == 0.0
     # Resumed from the checkpoint of update 2, update 3 plays stage 1 (a fresh curriculum
     # would play stage 0 only).
     train(load_config(config[0], [*config[1:], "rl.epochs=3"]), resume=True)
     rows = {r["step"]: r for r in read_metrics(str(tmp_path / "curriculum")) if r["step"]}
     assert rows[3]["curriculum/stage"] == 1 and "tasks/toy/count-2/success" in rows[3]
     assert "curriculum/move" not in rows[3]
+    # Update 3 pays for update 2's step: the anchor and the Fisher came back with the
+    # checkpoint (a fresh, all-zero Fisher would give 0).
+    assert rows[3]["losses/ewc"] > 0.0
