@@ -5,7 +5,8 @@ come from disjoint splits. A byte-level BPE tokenizer is trained on the games' t
 few-million-parameter decoder is trained from scratch: a language-model warm-up on
 random-play transcripts of the train games (no gold actions), SFT on 50 golden
 trajectories, then PPO with GAE and a critic head, 8 steps per episode, dense rewards.
-Observations are "compact" (admissible commands listed, the goal on the first turn).
+Observations are "compact_goal" (admissible commands listed, the goal on every turn) and
+actions are decoded only among the offered commands (rollout.constrain_actions).
 """
 
 from configs.base import get_config as base_config
@@ -20,7 +21,7 @@ def get_config():
     c.env.num_eval_tasks = 100
     c.env.reward_density = "dense"  # every score change is rewarded
     c.env.max_steps = 8
-    c.env.obs_format = "compact"  # admissible commands listed, goal once: ~3x fewer tokens
+    c.env.obs_format = "compact_goal"  # admissible commands listed, the goal every turn
     c.tokenizer.vocab_size = 1024
     c.model.vocab_size = 1024
     c.model.hidden_size = 128
@@ -32,6 +33,7 @@ def get_config():
     c.model.max_position_embeddings = 4096
     c.rollout.episodes_per_batch = 32
     c.rollout.max_action_tokens = 12
+    c.rollout.constrain_actions = True  # actions drawn only among the offered commands
     c.rollout.max_context = 2048
     c.rollout.length_buckets = (512, 768, 1024, 1536, 2048)
     c.rollout.num_env_workers = 2
