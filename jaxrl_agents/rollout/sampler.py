@@ -265,8 +265,9 @@ def _extend(graphdef, params, cache, cache_mask, cache_index, chunk_ids, chunk_m
 
     Rows whose chunk is all padding do not decode. A row stops after a token with
     `stop_table[token]` or after `max_new` tokens; tokens with `allowed[token]` False are
-    never drawn; with `choice_ids` [B, C, L] (-1 padded; all -1: unconstrained) a row only
-    draws tokens that continue one of its commands (`choice_constraint`). Every sampled
+    never drawn; with `choice_ids` [B, C, L] (-1 padded; None: no constraint, and no
+    per-step masking work) a row only draws tokens that continue one of its commands
+    (`choice_constraint`). Every sampled
     token (the stopping one too) is written to the cache, so the next chunk starts right
     after it.
     Returns (tokens, raw logp, sampling logp [B, M], counts [B], cache, cache_mask,
@@ -289,10 +290,13 @@ def _extend(graphdef, params, cache, cache_mask, cache_index, chunk_ids, chunk_m
     def body(carry):
         i, logits, cache, cache_mask, lengths, done, key, toks, lp_raw, lp_samp, alive = carry
         key, sub = jax.random.split(key)
-        constraint, cand = choice_constraint(choice_ids, alive, i, logits.shape[-1],
-                                             choice_width)
-        tok, raw, samp = sample_tokens(logits, sub, sampling, allowed, constraint)
-        alive = alive & (cand == tok[:, None])
+        if choice_ids is None:
+            tok, raw, samp = sample_tokens(logits, sub, sampling, allowed)
+        else:
+            constraint, cand = choice_constraint(choice_ids, alive, i, logits.shape[-1],
+                                                 choice_width)
+            tok, raw, samp = sample_tokens(logits, sub, sampling, allowed, constraint)
+            alive = alive & (cand == tok[:, None])
         live = ~done
         tok = jnp.where(live, tok, 0)
         toks = toks.at[:, i].set(tok)
@@ -309,7 +313,8 @@ def _extend(graphdef, params, cache, cache_mask, cache_index, chunk_ids, chunk_m
 
     zeros = jnp.zeros((b, max_new), jnp.float32)
     carry = (jnp.int32(0), logits[:, -1], cache, cache_mask, lengths, done, key,
-             jnp.zeros((b, max_new), jnp.int32), zeros, zeros, choice_ids[:, :, 0] >= 0)
+             jnp.zeros((b, max_new), jnp.int32), zeros, zeros,
+             jnp.zeros((b, 0), bool) if choice_ids is None else choice_ids[:, :, 0] >= 0)
     steps, _, cache, cache_mask, lengths_out, _, _, toks, lp_raw, lp_samp, _ = jax.lax.while_loop(
         cond, body, carry)
     counts = lengths_out - lengths
@@ -480,7 +485,7 @@ class Sampler:
             graphdef, params, state.cache, state.cache_mask, jnp.int32(state.cache_index),
             self._place_rows(ids), self._place_rows(mask), self._place_rows(state.lengths),
             key, self._stop_table, self._allowed,
-            self._place_rows(self._choice_array(choices, state.batch, max_new)),
+            self._choice_array(choices, state.batch, max_new),
             max_new=int(max_new), sampling=sampling, choice_width=int(choice_width))
         toks, lp_raw, lp_samp, counts, lengths, steps = jax.device_get(
             (toks, lp_raw, lp_samp, counts, lengths, steps))
@@ -488,11 +493,11 @@ class Sampler:
                                 np.asarray(lengths, np.int32))
         return new_state, ChunkOutput(toks, lp_raw, lp_samp, np.asarray(counts))
 
-    @staticmethod
-    def _choice_array(choices, batch: int, max_new: int) -> np.ndarray:
-        """[B, C, max_new] int32 of the rows' commands (-1 padded; [B, 1, 1] when none)."""
+    def _choice_array(self, choices, batch: int, max_new: int):
+        """[B, C, max_new] int32 of the rows' commands (-1 padded), placed like the rows;
+        None when no row has any."""
         if not choices or not any(choices):
-            return np.full((batch, 1, 1), -1, np.int32)
+            return None
         if len(choices) != batch:
             raise ValueError(f"extend(): {len(choices)} choice lists for {batch} rows")
         width = bucket(max(len(c or ()) for c in choices), CHOICE_BUCKETS)
@@ -501,7 +506,7 @@ class Sampler:
             for k, ids in enumerate(commands or ()):
                 ids = list(ids)[:max_new]
                 out[row, k, :len(ids)] = ids
-        return out
+        return self._place_rows(out)
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
                  sampling: SamplingParams = SamplingParams(), key=None) -> GenerationResult:

@@ -22,7 +22,8 @@ def diagonal_fisher(episode_logp, params, batch: dict):
 
     episode_logp(params, rows) -> [b]: the summed action log-likelihood of each row of a
     batch slice (arrays [b, ...]). Rows with `row_valid` 0 (packing filler) do not count.
-    Gradients are taken one row at a time (`lax.map`), so memory holds one gradient.
+    Gradients are taken one row at a time (`lax.scan`), so memory holds one gradient
+    and the running sum.
     Returns a tree like `params` (float32).
     """
 
