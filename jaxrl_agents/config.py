@@ -24,7 +24,7 @@ CHOICES: dict[str, tuple] = {
     "model.dtype": ("float32", "bfloat16"),
     "model.param_dtype": ("float32", "bfloat16"),
     "model.remat": ("none", "full", "dots"),
-    "model.critic": ("head", "separate"),
+    "model.critic": ("head", "detached", "separate"),
     "tokenizer.chat_template": ("chat", "plain"),
     "env.family": ("textworld", "alfworld", "code", "toy"),
     "env.reward_density": ("sparse", "every_k", "dense"),

@@ -6,18 +6,23 @@
 - kind "head": the critic reads the policy's own hidden states (one shared trunk;
   value-loss gradients reach the policy's weights). Keep policy and critic in
   the one `ActorCritic` module so the trunk stays one shared object.
+- kind "detached": a head on the policy's hidden states with the gradient stopped there:
+  the value loss trains the head only and never moves the policy (so a value warm-up
+  leaves the policy exactly as SFT made it).
 - kind "separate": the critic's trunk is a copy of the policy, initialised from
   its weights and trained on its own.
 """
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from jaxrl_agents.models.transformer import Transformer
 
-CRITIC_KINDS = ("head", "separate")
+CRITIC_KINDS = ("head", "detached", "separate")
+SHARED_TRUNK_KINDS = ("head", "detached")
 
 
 class ValueHead(nnx.Module):
@@ -38,12 +43,17 @@ class ValueHead(nnx.Module):
 class Critic(nnx.Module):
     """`critic(input_ids, positions=None, attention_mask=None) -> values [B, T]`."""
 
-    def __init__(self, trunk: Transformer, head: ValueHead):
+    def __init__(self, trunk: Transformer, head: ValueHead, *, detach: bool = False):
         self.trunk = trunk
         self.head = head
+        self.detach = detach
 
     def __call__(self, input_ids, positions=None, attention_mask=None):
-        return self.head(self.trunk.hidden_states(input_ids, positions, attention_mask))
+        return self.from_hidden(self.trunk.hidden_states(input_ids, positions, attention_mask))
+
+    def from_hidden(self, hidden_btd):
+        """Values [B, T] from the trunk's hidden states [B, T, D]."""
+        return self.head(jax.lax.stop_gradient(hidden_btd) if self.detach else hidden_btd)
 
 
 class ActorCritic(nnx.Module):
@@ -64,18 +74,18 @@ class ActorCritic(nnx.Module):
 
     def logits_and_values(self, input_ids, positions=None, attention_mask=None):
         """(logits [B, T, V], values [B, T]); one trunk pass when the trunk is shared."""
-        if self.kind == "head":
+        if self.kind in SHARED_TRUNK_KINDS:
             hidden = self.policy.hidden_states(input_ids, positions, attention_mask)
-            return self.policy.logits(hidden), self.critic.head(hidden)
+            return self.policy.logits(hidden), self.critic.from_hidden(hidden)
         return (self.policy(input_ids, positions, attention_mask),
                 self.critic(input_ids, positions, attention_mask))
 
 
 def build_actor_critic(policy: Transformer, kind: str, *, rngs: nnx.Rngs | None = None
                        ) -> ActorCritic:
-    """Wrap `policy` with a critic of `kind` ("head" | "separate")."""
+    """Wrap `policy` with a critic of `kind` ("head" | "detached" | "separate")."""
     if kind not in CRITIC_KINDS:
         raise ValueError(f"critic kind {kind!r}; allowed: {list(CRITIC_KINDS)}")
     head = ValueHead(policy.config.hidden_size, rngs=rngs)
-    trunk = policy if kind == "head" else nnx.clone(policy)
-    return ActorCritic(policy, Critic(trunk, head), kind)
+    trunk = policy if kind in SHARED_TRUNK_KINDS else nnx.clone(policy)
+    return ActorCritic(policy, Critic(trunk, head, detach=kind == "detached"), kind)

@@ -341,6 +341,13 @@ def train_step(hp, graphdef, tx, state: LearnerState, micro: dict, kl_coef, poli
     zeros = jax.tree.map(jnp.zeros_like, trainable)
     weights = _micro_weights(hp, micro)
     grads, metrics = jax.lax.scan(accumulate, zeros, (micro, weights))
+    # During the value warm-up (policy_coef 0) only the critic trains: a trunk shared with
+    # the value head would otherwise move the policy through the value loss.
+    grads = jax.tree.map(
+        lambda g, owner: g * policy_coef.astype(g.dtype) if owner == "policy" else g,
+        grads,
+        optim.actor_critic_labels(grads),
+    )
     metrics = jax.tree.map(lambda m: jnp.sum(weights * m), metrics)
     finite = _tree_all_finite(grads) & jnp.isfinite(metrics["losses/total"])
     new_params, new_master, new_opt = apply_gradients(

@@ -20,7 +20,7 @@ def _with_random_head(kind):
     return ac
 
 
-@pytest.mark.parametrize("kind", ["head", "separate"])
+@pytest.mark.parametrize("kind", ["head", "detached", "separate"])
 def test_values_shape_and_joint_call(kind):
     ac = _with_random_head(kind)
     values = ac.values(IDS, attention_mask=MASK)
@@ -47,6 +47,22 @@ def test_head_critic_shares_the_policy_trunk():
     assert n_head < n_separate  # the trunk is stored once
 
 
+def test_detached_head_reads_the_trunk_but_does_not_train_it():
+    shared, detached = _with_random_head("head"), _with_random_head("detached")
+    assert detached.critic.trunk is detached.policy
+    np.testing.assert_allclose(detached.values(IDS, attention_mask=MASK),
+                               shared.values(IDS, attention_mask=MASK), atol=1e-6)
+
+    def value_grads(ac):
+        return nnx.grad(lambda m: m.logits_and_values(IDS, attention_mask=MASK)[1].sum())(ac)
+
+    for ac, trunk_moves in ((shared, True), (detached, False)):
+        grads = value_grads(ac)
+        trunk = grads["policy"] if "policy" in grads else grads["critic"]["trunk"]
+        assert (float(jnp.abs(trunk["embed_tokens"][...]).sum()) > 0) == trunk_moves
+        assert float(jnp.abs(grads["critic"]["head"]["weight"][...]).sum()) > 0
+
+
 def test_unknown_kind_lists_the_allowed():
-    with pytest.raises(ValueError, match="'head', 'separate'"):
+    with pytest.raises(ValueError, match="'head', 'detached', 'separate'"):
         build_actor_critic(Transformer(CFG, rngs=nnx.Rngs(0)), "shared")

@@ -68,10 +68,32 @@ def test_non_finite_loss_skips_the_update_and_keeps_parameters():
         np.testing.assert_array_equal(a, b)
 
 
-def test_value_warmup_leaves_the_policy_loss_out():
-    learner, state = _learner("gae", value_warmup_updates=1)
-    _, metrics = learner.update(state, random_batch(4), jax.random.key(0))
+def _moved(before, after) -> set[str]:
+    """Names of the parameters that differ between two ActorCritic states."""
+    flat = lambda tree: {jax.tree_util.keystr(p): np.asarray(v) for p, v in
+                         jax.tree_util.tree_flatten_with_path(tree)[0]}
+    b, a = flat(before), flat(after)
+    return {name for name in b if not np.array_equal(b[name], a[name])}
+
+
+@pytest.mark.parametrize("critic", ["head", "detached", "separate"])
+def test_value_warmup_trains_only_the_critic(critic):
+    # The shared trunk belongs to the policy: the warm-up must not move it either.
+    # Two warm-up updates: the head starts at zero, so the first step sends the trunk no
+    # gradient whatever the code does.
+    learner, state = _learner("gae", critic=critic, value_warmup_updates=2)
+    batch = random_batch(4)
+    policy_before = jax.tree.map(np.asarray, state.params)
+    for i in range(2):
+        state, metrics = learner.update(state, batch, jax.random.key(i))
     assert np.isfinite(metrics["losses/value"])
+    # NNX may list a shared trunk under critic/trunk: only the head is the critic's then.
+    critic_prefix = "['critic']" if critic == "separate" else "['critic']['head']"
+    moved = _moved(policy_before, state.params)
+    assert moved and all(name.startswith(critic_prefix) for name in moved), moved
+    after_warmup = jax.tree.map(np.asarray, state.params)
+    state, _ = learner.update(state, batch, jax.random.key(2))
+    assert any(not n.startswith(critic_prefix) for n in _moved(after_warmup, state.params))
 
 
 def test_kl_controllers():
