@@ -121,11 +121,13 @@ def eval_main(argv=None) -> int:
 SWEEP_HELP = """Run a sweep: one base config, many runs (see jaxrl_agents/sweep.py).
 
   jaxrl-sweep --sweep configs/sweeps/toy_lr.py [--parallel N] [--print-commands] [--dry-run]
+  jaxrl-sweep --sweep configs/sweeps/toy_lr.py --report   # summarize the runs on disk
 
 Every run's config is checked before anything starts. Runs go to
 <output_dir>/<sweep>/<run>/ (their output in train.log there); finished runs are skipped
 and unfinished runs with checkpoints resumed. Ends with a table of held-out success per
-run, also written to <output_dir>/<sweep>/summary.json; exits 1 if any run failed.
+run, also written to <output_dir>/<sweep>/summary.json, and a bar chart of it
+(success.png there); exits 1 if any run failed.
 """
 
 
@@ -146,6 +148,10 @@ def sweep_main(argv=None) -> int:
     parser.add_argument(
         "--dry-run", action="store_true", help="check the sweep, show what each run would do"
     )
+    parser.add_argument(
+        "--report", action="store_true",
+        help="run nothing: summarize (table, summary.json, success.png) the runs on disk",
+    )
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if args.parallel < 1:
         parser.error("--parallel must be at least 1")
@@ -164,11 +170,17 @@ def sweep_main(argv=None) -> int:
         )
         print("\n".join(lines))
         return 0
-    results = sweep_lib.run_sweep(sweep, root, parallel=args.parallel)
+    if args.report:
+        results = sweep_lib.existing_results(sweep, root)
+    else:
+        results = sweep_lib.run_sweep(sweep, root, parallel=args.parallel)
     summary = sweep_lib.summarize(sweep, results)
     path = sweep_lib.write_summary(summary, root)
     print(sweep_lib.format_table(summary))
     print(f"sweep summary: {path}")
+    plot = sweep_lib.plot_summary(summary, os.path.join(os.path.dirname(path), "success.png"))
+    if plot:
+        print(f"plot: {plot}")
     failed = [r for r in results if r["status"] == "failed"]
     for r in failed:
         print(

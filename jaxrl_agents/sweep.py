@@ -20,7 +20,8 @@ whole sweep with a message naming it.
 Locally, `run_sweep` launches `jaxrl-train` for each run (one at a time or N in
 parallel), skips runs that finished (their summary.json exists), resumes unfinished runs
 that have checkpoints, and keeps going when one fails; `summarize` / `format_table`
-report held-out success after SFT and after RL for every run.
+/ `plot_summary` report held-out success after SFT and after RL for every run;
+`existing_results` reports the runs on disk without running anything (`--report`).
 """
 
 from __future__ import annotations
@@ -304,6 +305,19 @@ def run_sweep(
         pool.shutdown(wait=True, cancel_futures=True)
 
 
+def existing_results(sweep: Sweep, root: str) -> list[dict]:
+    """Result dicts (as `run_sweep` returns) for the runs already on disk, running none:
+    status "done" for a finished run, "unfinished" for one with only checkpoints, and
+    "missing" otherwise. For sweeps run elsewhere (e.g. from --print-commands)."""
+    results = []
+    for run in sweep.runs:
+        path = run_dir(root, sweep, run)
+        status = {"skip": "done", "resume": "unfinished", "start": "missing"}[planned_action(path)]
+        results.append({"name": run.name, "run_dir": path, "log": os.path.join(path, LOG_FILE),
+                        "action": "report", "status": status, "exit_code": None, "seconds": 0.0})
+    return results
+
+
 # --- reporting -------------------------------------------------------------------------------
 
 
@@ -355,6 +369,43 @@ def format_table(summary: Mapping) -> str:
     return "\n".join(
         "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows
     )
+
+
+def plot_summary(summary: Mapping, path: str) -> str | None:
+    """Bar chart of held-out success after SFT and after RL per run, 95% CIs as error
+    bars, written to `path` (PNG). None when no run has a score yet."""
+    runs = [r for r in summary["runs"] if r.get("sft") or r.get("rl")]
+    if not runs:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.6 * len(runs) + 1.5), 3.6))
+    width = 0.38
+    for offset, stage, color in ((-width / 2, "sft", "#9ab"), (width / 2, "rl", "#357")):
+        xs, means, errs = [], [], [[], []]
+        for i, r in enumerate(runs):
+            score = r.get(stage)
+            if not score:
+                continue
+            xs.append(i + offset)
+            means.append(score["mean"])
+            errs[0].append(score["mean"] - score["ci_low"])
+            errs[1].append(score["ci_high"] - score["mean"])
+        ax.bar(xs, means, width, yerr=errs, capsize=3, color=color, label=f"after {stage.upper()}")
+    ax.set_xticks(range(len(runs)), [r["name"] for r in runs], rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel("held-out success (95% CI)")
+    ax.set_ylim(0, 1)
+    ax.set_title(summary["sweep"], fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
 
 
 def write_summary(summary: Mapping, root: str) -> str:

@@ -215,6 +215,26 @@ def test_dry_run_tells_what_each_run_would_do(tmp_path, capsys):
     assert [line.split()[1] for line in lines] == [str(out / "s" / n) for n in "abc"]
 
 
+def test_report_summarizes_the_runs_on_disk_and_runs_none(tmp_path, capsys):
+    spec = {"name": "s", "config": TOY, "runs": [{"name": n} for n in ("a", "b", "c")]}
+    path = _write_sweep(tmp_path, spec)
+    out = tmp_path / "out"
+    score = {"mean": 0.6, "ci_low": 0.5, "ci_high": 0.7, "n": 100}
+    (out / "s" / "a").mkdir(parents=True)
+    (out / "s" / "a" / "eval.json").write_text(json.dumps({"sft": score, "rl": score}))
+    (out / "s" / "a" / "summary.json").write_text("{}")
+    (out / "s" / "b" / "checkpoints" / "3").mkdir(parents=True)
+    assert sweep_main(["--sweep", path, "--output-dir", str(out), "--report"]) == 0
+    printed = capsys.readouterr().out
+    rows = {r["name"]: r for r in json.loads((out / "s" / "summary.json").read_text())["runs"]}
+    assert {n: r["status"] for n, r in rows.items()} == {
+        "a": "done", "b": "unfinished", "c": "missing"}
+    assert rows["a"]["rl"] == score and "rl" not in rows["b"]
+    assert not (out / "s" / "c").exists()  # nothing was started
+    assert "0.600 (0.500-0.700, n=100)" in printed
+    assert (out / "s" / "success.png").read_bytes()[:4] == b"\x89PNG"
+
+
 # --- a real local sweep ------------------------------------------------------------------
 
 
@@ -247,6 +267,7 @@ def test_local_sweep_runs_reports_and_skips_or_resumes_on_restart(tmp_path, caps
     assert f"run broken failed (exit code 1); log: {broken_log}" in first.err
 
     summary = json.loads((out / "tiny" / "summary.json").read_text())
+    assert (out / "tiny" / "success.png").exists()
     rows = {r["name"]: r for r in summary["runs"]}
     assert [r["name"] for r in summary["runs"]] == ["broken", *good]
     assert rows["broken"]["status"] == "failed" and rows["broken"]["exit_code"] == 1
