@@ -30,7 +30,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.param_dtype = "float32"  # parameter storage dtype: float32 | bfloat16
     c.model.remat = "none"  # per-layer rematerialisation: none | full | dots
     c.model.scan_layers = False  # scan over layers (compile time independent of depth)
-    c.model.critic = "head"  # value: head (policy trunk) | detached (head, no trunk grad) | separate
+    c.model.critic = "head"  # value: head (policy trunk) | detached (no grad to trunk) | separate
 
     # --- mesh: device layout; -1 means "all remaining devices" ---------------------------
     c.mesh = ml_collections.ConfigDict()
