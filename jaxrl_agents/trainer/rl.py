@@ -28,7 +28,6 @@ from flax import nnx
 from jaxrl_agents import distributed, kernels, sharding
 from jaxrl_agents.config import check_groups
 from jaxrl_agents.data import Batch
-from jaxrl_agents.data.packing import bucket
 from jaxrl_agents.trainer import ewc, optim
 from jaxrl_agents.trainer.kl_control import KLController
 
@@ -395,10 +394,6 @@ class RLLearner:
     `prepare_rows` caps the rows of each forward chunk in `prepare` (None: a training
     micro-batch's rows, minibatch_size // grad_accum, whose forward pass the train step
     already holds in memory).
-
-    `length_buckets`: each minibatch is cut to its longest row rounded up to one of these
-    (the batch is padded to its longest episode; a minibatch of shorter ones skips that
-    padding, and attention's cost grows with the square of the length). Empty: no cut.
     """
 
     def __init__(
@@ -415,7 +410,6 @@ class RLLearner:
         mesh: jax.sharding.Mesh | None = None,
         master_weights: bool = False,
         prepare_rows: int | None = None,
-        length_buckets: tuple[int, ...] = (),
     ):
         if minibatch_size % grad_accum:
             raise ValueError(
@@ -432,7 +426,6 @@ class RLLearner:
         self.mesh = mesh
         self.master_weights = master_weights  # keep a float32 copy for the optimizer
         self.prepare_rows = prepare_rows
-        self.length_buckets = tuple(length_buckets)
         self.graphdef, _ = nnx.split(actor_critic)
         self.ref_graphdef, _ = nnx.split(actor_critic.policy)
         self._prepare = jax.jit(
@@ -491,23 +484,10 @@ class RLLearner:
             return {k: jnp.asarray(v) for k, v in batch.as_dict().items()}
         return distributed.global_batch(batch.as_dict(), self.mesh)
 
-    def _minibatch_width(self, lengths: np.ndarray, idx: np.ndarray, full: int) -> int:
-        """Columns minibatch `idx` needs: its longest row (`lengths` [B], real tokens per
-        row) rounded up to a length bucket, at most the batch's `full` width."""
-        if not self.length_buckets:
-            return full
-        return min(bucket(int(lengths[idx].max()), self.length_buckets), full)
-
-    def _micro_batches(self, arrays: dict, idx: np.ndarray, accum: int, width: int) -> dict:
-        """Rows `idx`, the first `width` columns of every [B, T, ...] array, as
-        [accum, len(idx) // accum, ...], split over the mesh's batch axes."""
+    def _micro_batches(self, arrays: dict, idx: np.ndarray, accum: int) -> dict:
+        """Rows `idx` as [accum, len(idx) // accum, ...], split over the mesh's batch axes."""
         b = len(idx) // accum
-
-        def take(v):
-            rows = v[idx][:, :width] if v.ndim >= 2 else v[idx]
-            return rows.reshape((accum, b) + rows.shape[1:])
-
-        micro = {k: take(v) for k, v in arrays.items()}
+        micro = {k: v[idx].reshape((accum, b) + v.shape[1:]) for k, v in arrays.items()}
         if self.mesh is None or b % (self.mesh.shape["data"] * self.mesh.shape["fsdp"]):
             return micro
         spec = jax.sharding.PartitionSpec(None, sharding.BATCH_AXES)
@@ -532,15 +512,12 @@ class RLLearner:
         extras, prep_metrics = self._prepare(state, arrays, kl_coef, prepare_rows)
         arrays.update(extras)
         policy_coef = jnp.float32(0.0 if self.updates < self.value_warmup_updates else 1.0)
-        lengths = distributed.allgather_rows(batch.valid.sum(axis=1))  # global rows [B]
-        full = arrays["input_ids"].shape[1]
         step_metrics = []
         for epoch in range(self.ppo_epochs):
             order = np.asarray(jax.random.permutation(jax.random.fold_in(key, epoch), rows))
             for i in range(num_mb):
                 idx = order[i * mb_size : (i + 1) * mb_size]
-                width = self._minibatch_width(lengths, idx, full)
-                micro = self._micro_batches(arrays, idx, accum, width)
+                micro = self._micro_batches(arrays, idx, accum)
                 state, m = self._train_step(state, micro, kl_coef, policy_coef)
                 step_metrics.append(m)
         metrics = jax.device_get({**prep_metrics, **_mean_metrics(step_metrics)})
@@ -594,5 +571,4 @@ def make_learner(
         value_warmup_updates=cfg.rl.value_warmup_updates,
         master_weights=cfg.rl.master_weights == "float32",
         mesh=mesh,
-        length_buckets=tuple(cfg.rollout.length_buckets),
     )

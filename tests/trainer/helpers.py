@@ -28,7 +28,7 @@ def tiny_actor_critic(seed=0, critic="head"):
     return build_actor_critic(policy, critic, rngs=nnx.Rngs(seed + 1))
 
 
-def random_batch(seed=0, episodes=8, turns=3, group_size=2, length_buckets=(32, 64)):
+def random_batch(seed=0, episodes=8, turns=3, group_size=2):
     """Multi-turn episodes with random tokens, sparse final rewards, grouped in pairs."""
     rng = np.random.default_rng(seed)
     trajs = []
@@ -46,7 +46,7 @@ def random_batch(seed=0, episodes=8, turns=3, group_size=2, length_buckets=(32, 
         trajs.append(
             Trajectory(tokens, types, logprobs, rewards, ends, won=won, group_id=e // group_size)
         )
-    return pack(trajs, length_buckets=length_buckets)
+    return pack(trajs, length_buckets=(32, 64))
 
 
 def toy_schedule(*overrides):

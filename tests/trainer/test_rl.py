@@ -68,23 +68,6 @@ def test_non_finite_loss_skips_the_update_and_keeps_parameters():
         np.testing.assert_array_equal(a, b)
 
 
-def test_minibatches_cut_to_their_length_bucket_train_the_same():
-    # Rows of at most 3 * 7 = 21 tokens padded to 128: cut minibatches run 32 columns.
-    batch = random_batch(5, length_buckets=(128,))
-    cut, state_cut = _learner("gae", length_buckets=(32, 64, 128))
-    whole, state_whole = _learner("gae")
-    lengths = batch.valid.sum(axis=1)
-    assert batch.input_ids.shape[1] == 128 and lengths.max() <= 32
-    assert cut._minibatch_width(lengths, np.arange(8), 128) == 32
-    assert whole._minibatch_width(lengths, np.arange(8), 128) == 128
-    for i in range(2):
-        state_cut, m_cut = cut.update(state_cut, batch, jax.random.key(i))
-        state_whole, m_whole = whole.update(state_whole, batch, jax.random.key(i))
-    np.testing.assert_allclose(m_cut["losses/total"], m_whole["losses/total"], rtol=1e-5)
-    for a, b in zip(jax.tree.leaves(state_cut.params), jax.tree.leaves(state_whole.params)):
-        np.testing.assert_allclose(a, b, atol=1e-5)
-
-
 def _moved(before, after) -> set[str]:
     """Names of the parameters that differ between two ActorCritic states."""
     flat = lambda tree: {jax.tree_util.keystr(p): np.asarray(v) for p, v in
