@@ -178,7 +178,7 @@ def sweep_main(argv=None) -> int:
     path = sweep_lib.write_summary(summary, root)
     print(sweep_lib.format_table(summary))
     print(f"sweep summary: {path}")
-    plot = sweep_lib.plot_summary(summary, os.path.join(os.path.dirname(path), "success.png"))
+    plot = sweep_lib.plot_summary(summary, os.path.join(os.path.dirname(path), sweep_lib.PLOT_FILE))
     if plot:
         print(f"plot: {plot}")
     failed = [r for r in results if r["status"] == "failed"]

@@ -48,6 +48,7 @@ SWEEP_KEYS = ("name", "config", "overrides", "grid", "runs")
 RESERVED_KEYS = ("output_dir", "name")
 MAX_NAME_LEN = 120  # longer derived run names are cut and given a hash suffix
 SUMMARY_FILE = "summary.json"  # written by the trainer when a run finishes (loop.write_summary)
+PLOT_FILE = "success.png"  # the sweep's bar chart, beside its summary.json
 LOG_FILE = "train.log"
 TRAIN_MODULE = "jaxrl_agents.cli"  # `python -m jaxrl_agents.cli` is jaxrl-train
 
