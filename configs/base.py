@@ -74,6 +74,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.env.size = 0  # alfworld: objects and receptacles; toy: n; 0 = the family's default
     c.env.num_train_tasks = 64  # distinct training task instances
     c.env.num_eval_tasks = 100  # held-out task instances (never trained on)
+    c.env.eval_tasks = ()  # tasks ("family:name") only evaluated: held-out games, never trained on
     c.env.reward_density = "sparse"  # sparse | every_k | dense
     c.env.reward_k = 2  # every_k: release intermediate reward every k steps
     c.env.step_penalty = 0.0  # reward added to every step (negative = cost)

@@ -18,7 +18,8 @@ Spec keys:
         $ALFWORLD_DATA); replaces task_type/objects/receptacles/seed/split.
     max_steps: step budget (default 50, ALFWorld's own, or more when the gold is longer).
     step_penalty, invalid_penalty: costs per step / per inadmissible action (default 0).
-    obs_format: "template" | "raw"; cache_dir: where generated games are stored.
+    obs_format: "template" | "compact" | "compact_goal" | "raw" (envs.base); cache_dir: where
+        generated games are stored.
 
 Speed: TextWorld's grammar-template parses are memoised (envs/_pddl_memo.py; same text,
 about twice the steps per second); JAXRL_PDDL_MEMO=0 turns that off.

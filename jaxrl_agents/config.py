@@ -141,7 +141,24 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
         value = _get(cfg, key)
         if value is not _MISSING and not 0.0 <= value <= 1.0:
             raise ConfigError(f"config key {key!r} must lie in [0, 1], got {value!r}")
+    check_task_names(cfg, "env.eval_tasks")
     check_groups(cfg)
+
+
+def check_task_names(cfg: ml_collections.ConfigDict, key: str) -> None:
+    """Every entry of the tuple at `key` is a task name: "family:name" with a known family,
+    or "name" (a task of env.family)."""
+    tasks = _get(cfg, key)
+    if tasks is _MISSING:
+        return
+    families = CHOICES["env.family"]
+    for task in tasks:
+        family, _, name = task.rpartition(":") if isinstance(task, str) else ("", "", "")
+        if not name or (family and family not in families):
+            raise ConfigError(
+                f'config key {key!r}: {task!r} is not a task name; use "name" (of env.family) '
+                f'or "family:name" with a family in {list(families)}'
+            )
 
 
 # Estimators that compare samples of one task instance (kernels.GROUP_ESTIMATORS; not

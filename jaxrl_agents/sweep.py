@@ -332,15 +332,17 @@ def _read_json(path: str) -> dict:
 
 def run_scores(path: str) -> dict:
     """{"sft": {...}, "rl": {...}}: held-out success (mean, ci_low, ci_high, n) of a run,
-    from its eval.json, else its summary.json; a stage without one is left out."""
+    from its eval.json, else its summary.json; a stage without one is left out. A run
+    evaluated on several tasks also has eval.json's "sft:<task>" and "rl:<task>"."""
     evals = _read_json(os.path.join(path, EVAL_FILE))
     summary = _read_json(os.path.join(path, SUMMARY_FILE))
-    scores = {}
-    for stage in ("sft", "rl"):
-        found = evals.get(stage) or summary.get(stage) or {}
-        if found.get("mean") is not None:
-            scores[stage] = {k: found.get(k) for k in ("mean", "ci_low", "ci_high", "n")}
-    return scores
+    found = {stage: evals.get(stage) or summary.get(stage) or {} for stage in ("sft", "rl")}
+    found.update({k: v for k, v in evals.items() if k.startswith(("sft:", "rl:"))})
+    return {
+        stage: {k: result.get(k) for k in ("mean", "ci_low", "ci_high", "n")}
+        for stage, result in found.items()
+        if result.get("mean") is not None
+    }
 
 
 def summarize(sweep: Sweep, results: Sequence[dict]) -> dict:

@@ -83,6 +83,14 @@ def test_choices_are_checked():
     validate(cfg)
 
 
+def test_eval_tasks_must_be_task_names():
+    cfg = load_config(BASE, ["--config.env.eval_tasks=('toy:guess', 'w4-o6-q8')"])
+    assert cfg.env.eval_tasks == ("toy:guess", "w4-o6-q8")
+    for bad in ("('chess:mate',)", "('toy:',)", "(3,)"):
+        with pytest.raises(ConfigError, match=r"env\.eval_tasks.*not a task name"):
+            load_config(BASE, [f"--config.env.eval_tasks={bad}"])
+
+
 def test_missing_file_and_bad_files(tmp_path):
     with pytest.raises(ConfigError, match="not found"):
         load_config(str(tmp_path / "nope.py"))

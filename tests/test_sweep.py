@@ -201,6 +201,28 @@ def test_the_console_script_prints_the_repo_sweeps(tmp_path):
     }
 
 
+def test_the_alfworld_mix_sweep_tests_both_arms_on_every_type(tmp_path):
+    """Single type vs a mix of the six, two seeds each; every run's layout holds the 50
+    held-out games of all six types, and trains on one type or on all six."""
+    from jaxrl_agents.trainer.setup import EnvLayout
+
+    sweep = sweep_lib.load_sweep("configs/sweeps/alfworld_mix.py")
+    sweep_lib.validate(sweep, str(tmp_path))
+    arms = {}
+    for run in sweep.runs:
+        _, overrides, _ = split_config_args(sweep_lib.train_args(sweep, run, str(tmp_path)))
+        cfg = load_config(sweep.config, overrides)
+        layout = EnvLayout(cfg)
+        assert len(layout.groups) == 6, run.name
+        assert all(len(g.eval_ids) == 50 for g in layout.groups.values()), run.name
+        trained = sorted(k for k, g in layout.groups.items() if g.train_tasks)
+        arms.setdefault(run.name.split(",")[0], []).append((cfg.seed, trained, layout.num_train))
+    single, mix = arms.pop("single"), arms.pop("mix")
+    assert not arms and [s[0] for s in single] == [s[0] for s in mix] == [0, 1]
+    assert all(t == ["alfworld:pick_and_place_simple-3"] and n == 64 for _, t, n in single)
+    assert all(len(t) == 6 and n == 66 for _, t, n in mix)
+
+
 def test_dry_run_tells_what_each_run_would_do(tmp_path, capsys):
     spec = {"name": "s", "config": TOY, "runs": [{"name": n} for n in ("a", "b", "c")]}
     path = _write_sweep(tmp_path, spec)
@@ -233,6 +255,16 @@ def test_report_summarizes_the_runs_on_disk_and_runs_none(tmp_path, capsys):
     assert not (out / "s" / "c").exists()  # nothing was started
     assert "0.600 (0.500-0.700, n=100)" in printed
     assert (out / "s" / "success.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_report_keeps_the_per_task_scores(tmp_path):
+    score = {"mean": 0.5, "ci_low": 0.3, "ci_high": 0.7, "n": 20, "by_task": {}}
+    kept = {k: score[k] for k in ("mean", "ci_low", "ci_high", "n")}
+    evals = {"sft": score, "rl": score, "rl:toy:count-2": score, "sft:toy:guess-2": score,
+             "sft_epoch": score, "stage:toy:count-2": score, "per_update": {}}  # fmt: skip
+    (tmp_path / "eval.json").write_text(json.dumps(evals))
+    scores = sweep_lib.run_scores(str(tmp_path))
+    assert scores == dict.fromkeys(("sft", "rl", "rl:toy:count-2", "sft:toy:guess-2"), kept)
 
 
 # --- a real local sweep ------------------------------------------------------------------

@@ -170,7 +170,8 @@ class Trainer:
 
     def evaluate(self, stage: str, step: int | None = None, limit: int = 0, ids=None) -> dict:
         """Greedy play on the held-out tasks (`ids`, default every one; the first `limit`, or
-        all when 0); success with a 95% Wilson interval, per task too when several.
+        all when 0); success with a 95% Wilson interval. When the games cover several tasks,
+        each task's share is also written to eval.json as stage "<stage>:<task>".
         Multi-host: each process plays its share and every process gets every result."""
         ids = self.layout.eval_ids if ids is None else ids
         ids = ids[:limit] if limit else ids
@@ -182,12 +183,14 @@ class Trainer:
             budgets = self.schedule.eval_max_steps(part)
             local += self.eval_driver.run(part, greedy=True, max_steps=budgets)
         trajs = [t for part in distributed.allgather_objects(local) for t in part]
-        result = success_ci([t.won for t in trajs])
-        result["return_mean"] = float(np.mean([t.episode_return for t in trajs]))
-        result["failed"] = int(sum(t.failed for t in trajs))
+        result = held_out_result(trajs)
         if by_task := self.schedule.success_by_task(trajs):
             result["by_task"] = by_task
         self.logger.write_eval(stage, result, step=step)
+        per_task = self.layout.split_by_task(trajs)
+        if len(per_task) > 1:
+            for task, part in per_task.items():
+                self.logger.write_eval(f"{stage}:{task}", held_out_result(part), step=step)
         return result
 
     def run_pretrain(self) -> dict:
@@ -368,6 +371,15 @@ class Trainer:
             self.logger.close()
         self.checkpointer.close()
         self.pool.close()
+
+
+def held_out_result(trajectories) -> dict:
+    """Success (mean, 95% Wilson interval, n), mean return and env failures of some
+    evaluation episodes."""
+    result = success_ci([t.won for t in trajectories])
+    result["return_mean"] = float(np.mean([t.episode_return for t in trajectories]))
+    result["failed"] = int(sum(t.failed for t in trajectories))
+    return result
 
 
 def train(cfg, *, resume: bool = False) -> dict:

@@ -14,7 +14,7 @@ import envs
 from jaxrl_agents.models import build_actor_critic, build_policy
 from jaxrl_agents.models.tokenizer import load_tokenizer, train_tokenizer
 from jaxrl_agents.rollout import DEFAULT_SYSTEM_PROMPT, EpisodeDriver, grouped_specs
-from jaxrl_agents.trainer.tasks import run_tasks, task_specs
+from jaxrl_agents.trainer.tasks import eval_only_tasks, run_tasks, task_specs
 
 # Families whose games are generated files worth making in parallel before the pool starts.
 _GENERATORS = {"textworld": "envs.textworld_env", "alfworld": "envs.alfworld_env"}
@@ -35,7 +35,8 @@ class EnvLayout:
 
     Every task the run may play (`tasks.run_tasks`: curriculum stages, mixture tasks; one
     task by default) gets `env.num_train_tasks` train and `env.num_eval_tasks` held-out
-    instances, built once. Train tasks are numbered over all tasks, task after task; train
+    instances, built once; the tasks only evaluated (`tasks.eval_only_tasks`) follow with
+    held-out instances only. Train tasks are numbered over all tasks, task after task; train
     task k occupies ids [k * g, (k + 1) * g) (g = group size, every copy plays the same
     task); the held-out instances follow, one id each. While step budgets are on, the envs'
     own limit is `budget.env_max_steps` (the driver ends episodes at their budget).
@@ -48,8 +49,9 @@ class EnvLayout:
         tasks = run_tasks(cfg)
         first_eval = len(tasks) * env.num_train_tasks * self.group_size
         self.train_specs, self.eval_specs, self.groups = [], [], {}
-        for task in tasks:
-            train = task_specs(env, "train", env.num_train_tasks, cfg.seed, task, max_steps)
+        for task in tasks + eval_only_tasks(cfg):
+            num_train = env.num_train_tasks if task in tasks else 0
+            train = task_specs(env, "train", num_train, cfg.seed, task, max_steps)
             held_out = task_specs(env, "eval", env.num_eval_tasks, cfg.seed, task, max_steps)
             n_train, n_eval = len(self.train_specs), first_eval + len(self.eval_specs)
             self.groups[task.key] = TaskGroup(
@@ -86,6 +88,13 @@ class EnvLayout:
             if train_task in group.train_tasks or env_id in group.eval_ids:
                 return group.key
         raise ValueError(f"env id {env_id} is outside the layout")
+
+    def split_by_task(self, trajectories) -> dict[str, list]:
+        """{task key: its trajectories} in layout order, for the tasks present."""
+        parts = {key: [] for key in self.groups}
+        for t in trajectories:
+            parts[self.group_of(t.info["env_id"])].append(t)
+        return {key: part for key, part in parts.items() if part}
 
 
 def _interleave(sequences) -> list[int]:

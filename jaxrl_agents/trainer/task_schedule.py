@@ -148,8 +148,9 @@ class TaskSchedule:
         if self.curriculum is not None:
             metrics["curriculum/stage"] = self.curriculum.stage
         if self.budget is not None:
-            for key in self.layout.groups:
-                metrics[f"budget/{_metric_name(key)}/factor"] = self.budget.factor(key)
+            for key, group in self.layout.groups.items():
+                if group.train_tasks:  # tasks only evaluated have no training budget
+                    metrics[f"budget/{_metric_name(key)}/factor"] = self.budget.factor(key)
             metrics["budget/retired"] = len(self.budget.retired)
         if self.mixer is not None:
             for key, share in self.mixer.drawn_shares().items():

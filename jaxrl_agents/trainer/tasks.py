@@ -141,3 +141,14 @@ def run_tasks(cfg) -> list[TaskName]:
     for task in names:
         unique.setdefault(task.key, task)
     return list(unique.values())
+
+
+def eval_only_tasks(cfg) -> list[TaskName]:
+    """The tasks of `env.eval_tasks` the run does not train on (`run_tasks`), without repeats:
+    only their held-out instances are built, so no training stage ever plays them."""
+    trained = {task.key for task in run_tasks(cfg)}
+    unique = {}
+    for task in (parse_task(text, cfg.env) for text in cfg.env.eval_tasks):
+        if task.key not in trained:
+            unique.setdefault(task.key, task)
+    return list(unique.values())

@@ -1,4 +1,4 @@
-"""End-to-end runs of the trainer on the toy family, in subprocesses (small enough for CI)."""
+"""End-to-end runs of the trainer on the toy family, most in subprocesses (small enough for CI)."""
 
 import json
 import os
@@ -11,6 +11,7 @@ import pytest
 
 from jaxrl_agents.config import ConfigError, load_config
 from jaxrl_agents.logging import read_metrics
+from jaxrl_agents.trainer.loop import train
 
 TIMING_KEYS = ("wall_time", "perf/", "rollout/wall_s", "rollout/model_s", "_frac")
 
@@ -114,6 +115,25 @@ def test_sigkill_and_resume_gives_the_same_metrics(tmp_path):
     a = json.loads((tmp_path / "straight" / "eval.json").read_text())
     b = json.loads((tmp_path / "killed" / "eval.json").read_text())
     assert a["rl"]["mean"] == b["rl"]["mean"] and a["sft"]["mean"] == b["sft"]["mean"]
+
+
+@pytest.mark.slow
+def test_each_task_gets_its_own_held_out_entry(tmp_path):
+    """A run on count with guess listed in env.eval_tasks: after SFT and after RL, eval.json
+    has one entry per task besides the one over all held-out games."""
+    overrides = _overrides(tmp_path, "per_task", **{"env.eval_tasks": "('guess',)",
+                           "env.num_eval_tasks": 3, "rl.episodes_per_epoch": 4,
+                           "sft.epochs": 1, "checkpoint.every": 0})  # fmt: skip
+    summary = train(load_config("configs/toy_tiny.py", overrides))
+    evals = json.loads((tmp_path / "per_task" / "eval.json").read_text())
+    tasks = ("toy:count-2", "toy:guess-2")
+    for stage in ("sft", "rl"):
+        parts = [evals[f"{stage}:{task}"] for task in tasks]
+        assert [part["n"] for part in parts] == [3, 3], stage
+        wins = sum(round(part["mean"] * part["n"]) for part in parts)
+        assert wins == round(evals[stage]["mean"] * evals[stage]["n"]) and evals[stage]["n"] == 6
+        assert sorted(evals[stage]["by_task"]) == list(tasks)
+    assert summary["rl"] == evals["rl"]
 
 
 def test_bad_configs_are_rejected_with_the_key_named():

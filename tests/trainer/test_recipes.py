@@ -3,8 +3,10 @@
 Everything else comes from the recipe file (algorithm, schedules, KL, reward density,
 curriculum keys, remat / scan / bf16, mesh); only sizes shrink: no checkpoint download
 (hf_path = ""), a tokenizer trained on the games, a few tasks, one SFT epoch, two RL updates.
+The CPU-scale ALFWorld config runs the same way.
 """
 
+import json
 import os
 
 import pytest
@@ -87,3 +89,23 @@ def test_recipe_hyperparameters():
     assert big.curriculum.stages == ("w2-o3-q4", "w8-o3-q4", "w2-o12-q4", "w4-o6-q8")
     assert (big.curriculum.promote_above, big.curriculum.demote_below) == (0.75, 0.40)
     assert big.curriculum.eval_every_epochs == 5
+
+
+@pytest.mark.slow
+def test_alfworld_tiny_runs_and_is_tested_on_every_listed_type(tmp_path, monkeypatch):
+    """configs/alfworld_tiny.py at tiny sizes, trained on pick_and_place_simple and tested
+    on look_at_obj_in_light too: one held-out entry per type, step budgets pinned at 2x."""
+    monkeypatch.setenv("JAXRL_CACHE", str(tmp_path / "games"))  # generated games go there
+    extra = ["name=alfworld", "env.eval_tasks=('look_at_obj_in_light',)",
+             "pretrain.episodes_per_task=1"]  # fmt: skip
+    cfg = load_config(os.path.join(ROOT, "configs", "alfworld_tiny.py"),
+                      tiny_overrides(tmp_path) + extra)  # fmt: skip
+    summary = train(cfg)
+    evals = json.loads((tmp_path / "alfworld" / "eval.json").read_text())
+    for task in ("pick_and_place_simple", "look_at_obj_in_light"):
+        assert evals[f"rl:alfworld:{task}-3"]["n"] == 1, sorted(evals)
+    assert summary["rl"]["n"] == 2
+    rows = [r for r in read_metrics(summary["run_dir"]) if "charts/success" in r]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert rows[-1]["budget/alfworld/pick_and_place_simple-3/factor"] == 2.0
+    assert "budget/alfworld/look_at_obj_in_light-3/factor" not in rows[-1]  # never trained on

@@ -1,0 +1,43 @@
+"""ALFWorld: training on a mix of the six task types vs on one type, tested on each type
+(the paper's claim 5); two seeds each, four runs of configs/alfworld_tiny.py.
+
+`single` trains on pick_and_place_simple only; `mix` draws every batch from the six types
+with equal weights (no core share) and has 11 training games per type (66 in all against
+single's 64), so both arms get about as many distinct training games, LM warm-up
+transcripts and golden trajectories (50; mix: 8-9 per type) and the same 320 RL episodes.
+Both play the 50 held-out games of every type after SFT and after RL (`env.eval_tasks`):
+eval.json holds "sft:<task>" / "rl:<task>" per type, and "sft" / "rl" over all 300 games.
+The tokenizer is trained on each run's training games, so single's has seen one type's text.
+
+One run needs about 12 GB, so the runs go one after the other:
+
+jaxrl-sweep --sweep configs/sweeps/alfworld_mix.py
+"""
+
+TASK_TYPES = (
+    "pick_and_place_simple",
+    "look_at_obj_in_light",
+    "pick_clean_then_place_in_recep",
+    "pick_heat_then_place_in_recep",
+    "pick_cool_then_place_in_recep",
+    "pick_two_obj_and_place",
+)
+MIX = {
+    "mixing.enabled": True,
+    "mixing.tasks": TASK_TYPES,
+    "mixing.core_share": 0.0,
+    "env.num_train_tasks": 11,
+}
+
+
+def get_sweep():
+    runs = []
+    for seed in (0, 1):
+        runs.append({"name": f"single,seed={seed}", "seed": seed})
+        runs.append({"name": f"mix,seed={seed}", "seed": seed, **MIX})
+    return {
+        "name": "alfworld_mix",
+        "config": "configs/alfworld_tiny.py",
+        "overrides": {"env.eval_tasks": TASK_TYPES},
+        "runs": runs,
+    }
