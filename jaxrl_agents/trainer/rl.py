@@ -51,6 +51,7 @@ class RLHyper:
     entropy_coef: float = 0.0
     grpo_std_normalize: bool = True
     normalize_advantages: bool = True
+    bootstrap_truncated: bool = False  # a cut episode ends with V(last state), not 0
     kl_kind: str = "k1"
     kl_where: str = "reward"
     ewc_coef: float = 0.0  # EWC penalty weight (0 = off; see trainer/ewc.py)
@@ -79,6 +80,7 @@ class RLHyper:
             entropy_coef=a.entropy_coef,
             grpo_std_normalize=a.grpo_std_normalize,
             normalize_advantages=a.normalize_advantages,
+            bootstrap_truncated=a.bootstrap_truncated,
             kl_kind=cfg.kl.kind,
             kl_where=cfg.kl.where,
             ewc_coef=cfg.curriculum.ewc_coef,
@@ -213,7 +215,10 @@ def prepare(
     rewards = batch["rewards"]
     if hp.kl_where == "reward":
         rewards = rewards - kl_coef * kl_tok
-    last_value = last_value * batch["truncated"]
+    # An episode cut by its step budget or the context is over for the agent: by default
+    # its return is what it earned (a budget is part of the task; bootstrapping would
+    # credit a take/put-back loop that runs out the budget with the critic's hopes).
+    last_value = last_value * batch["truncated"] * hp.bootstrap_truncated
     adv, ret = _advantages(hp, rewards, values, mask, last_value, batch["group_ids"])
     metrics = {
         "kl/ref_kl": kernels.masked_mean(kl_tok, mask),

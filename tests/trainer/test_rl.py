@@ -266,3 +266,26 @@ def test_ppo_raises_the_probability_of_a_rewarded_action():
         logp, _ = p_rewarded()
     _, end = p_rewarded()
     assert start < 0.1 and end > 0.8, (start, end)
+
+
+@pytest.mark.parametrize("bootstrap", [False, True])
+def test_a_cut_episode_is_bootstrapped_only_when_asked(bootstrap):
+    """By default an episode that ran out of steps is scored as terminal (its returns are
+    the rewards it got); with algo.bootstrap_truncated the critic's last value is added."""
+    import dataclasses
+
+    learner, state = _learner("gae")
+    learner.hp = dataclasses.replace(learner.hp, bootstrap_truncated=bootstrap)
+    for i in range(2):  # the value head starts at 0: train it to predict something
+        state, _ = learner.update(state, random_batch(6), jax.random.key(i))
+    prepare = _jitted_prepare(learner)
+    arrays = {k: jnp.asarray(v) for k, v in random_batch(6).as_dict().items()}
+    cut = {**arrays, "truncated": jnp.ones_like(arrays["truncated"])}
+    ended = {**arrays, "truncated": jnp.zeros_like(arrays["truncated"])}
+    kl = jnp.float32(0.0)
+    returns_cut = prepare(state, cut, kl, None)[0]["returns"]
+    returns_ended = prepare(state, ended, kl, None)[0]["returns"]
+    if bootstrap:
+        assert float(jnp.abs(returns_cut - returns_ended).max()) > 1e-4
+    else:
+        np.testing.assert_array_equal(returns_cut, returns_ended)
