@@ -112,6 +112,41 @@ def success_ci(successes: Iterable, z: float = 1.959963984540054) -> dict:
     }
 
 
+# --- a run directory reused by a fresh run ---------------------------------------------
+
+PREVIOUS_DIR = "previous"
+# What a run writes into its directory (a sweep's train.log stays: the sweep owns it).
+RUN_FILES = (METRICS_FILE, EVAL_FILE, CONFIG_FILE, PLOTS_DIR, "checkpoints", "tokenizer",
+             "summary.json", "trajectories.jsonl")
+
+
+def set_aside_previous_run(run_dir: str) -> str | None:
+    """Moves an earlier run's files out of the way of a fresh run in the same directory.
+
+    Without this a second fresh run would append to the old metrics.jsonl and find the old
+    checkpoints' steps already on disk. When run_dir holds a run (checkpoints or
+    metrics.jsonl), its files and TensorBoard events move to run_dir/previous/<time>/;
+    returns that folder, or None when there was nothing to move.
+    """
+    checkpoints = os.path.join(run_dir, "checkpoints")
+    has_run = os.path.exists(os.path.join(run_dir, METRICS_FILE)) or (
+        os.path.isdir(checkpoints) and os.listdir(checkpoints)
+    )
+    if not has_run:
+        return None
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    target = os.path.join(run_dir, PREVIOUS_DIR, stamp)
+    n = 1
+    while os.path.exists(target):
+        target = os.path.join(run_dir, PREVIOUS_DIR, f"{stamp}-{n}")
+        n += 1
+    os.makedirs(target)
+    for name in sorted(os.listdir(run_dir)):
+        if name in RUN_FILES or name.startswith("events.out.tfevents."):
+            os.rename(os.path.join(run_dir, name), os.path.join(target, name))
+    return target
+
+
 # --- metrics.jsonl ---------------------------------------------------------------------
 
 

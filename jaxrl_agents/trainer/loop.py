@@ -25,7 +25,7 @@ from jaxrl_agents import distributed, monitors, reward_model
 from jaxrl_agents import rewards as reward_lib
 from jaxrl_agents.checkpoint import Checkpointer
 from jaxrl_agents.data.selection import filter_groups
-from jaxrl_agents.logging import RunLogger, success_ci
+from jaxrl_agents.logging import RunLogger, set_aside_previous_run, success_ci
 from jaxrl_agents.sharding import make_mesh
 from jaxrl_agents.trainer import setup, shares
 from jaxrl_agents.trainer.rl import make_learner
@@ -383,6 +383,13 @@ def held_out_result(trajectories) -> dict:
 
 
 def train(cfg, *, resume: bool = False) -> dict:
+    """A run from scratch (an earlier run's files in its directory move to previous/), or
+    with `resume` a continuation from its latest checkpoint."""
+    if not resume:
+        run_dir = run_dir_of(cfg)
+        moved = distributed.main_first(lambda: set_aside_previous_run(run_dir), "run_dir")
+        if moved:
+            print(f"{run_dir} held an earlier run; its files were moved to {moved}")
     trainer = Trainer(cfg, resume=resume)
     try:
         return trainer.run()
