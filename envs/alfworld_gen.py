@@ -36,14 +36,8 @@ import alfworld.info  # noqa: E402
 from alfworld.agents.utils.misc import add_task_to_grammar  # noqa: E402
 from alfworld.gen import goal_library  # noqa: E402
 
-TASK_TYPES = (
-    "pick_and_place_simple",
-    "look_at_obj_in_light",
-    "pick_clean_then_place_in_recep",
-    "pick_heat_then_place_in_recep",
-    "pick_cool_then_place_in_recep",
-    "pick_two_obj_and_place",
-)
+from envs.alfworld_tasks import TASK_TYPES  # noqa: E402
+
 # task type -> (receptacle class the agent must use as a tool, affordance of the object)
 TOOLS = {
     "pick_clean_then_place_in_recep": ("SinkBasin", "Cleanable"),

@@ -14,14 +14,8 @@ One run needs about 12 GB, so the runs go one after the other:
 jaxrl-sweep --sweep configs/sweeps/alfworld_mix.py
 """
 
-TASK_TYPES = (
-    "pick_and_place_simple",
-    "look_at_obj_in_light",
-    "pick_clean_then_place_in_recep",
-    "pick_heat_then_place_in_recep",
-    "pick_cool_then_place_in_recep",
-    "pick_two_obj_and_place",
-)
+from envs.alfworld_tasks import TASK_TYPES
+
 MIX = {
     "mixing.enabled": True,
     "mixing.tasks": TASK_TYPES,
