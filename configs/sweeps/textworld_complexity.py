@@ -1,7 +1,7 @@
 """Object complexity vs spatial complexity (the paper's claim 2): the demo recipe trained
 and tested on w2-o12-q4 (many objects) and on w8-o3-q4 (many rooms), two seeds each.
 
-jaxrl-sweep --sweep configs/sweeps/textworld_complexity.py 
+jaxrl-sweep --sweep configs/sweeps/textworld_complexity.py
 
 (one run at a time: each needs about 12 GB.)
 """
