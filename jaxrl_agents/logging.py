@@ -29,6 +29,10 @@ METRICS_FILE = "metrics.jsonl"
 EVAL_FILE = "eval.json"
 CONFIG_FILE = "config.json"
 PLOTS_DIR = "plots"
+SUMMARY_FILE = "summary.json"  # written when a run finishes (trainer.loop.write_summary)
+CHECKPOINT_DIR = "checkpoints"
+TOKENIZER_DIR = "tokenizer"  # the tokenizer trained for the run
+TRAJECTORIES_FILE = "trajectories.jsonl"  # reward.dump_trajectories
 WALL_TIME = "wall_time"  # seconds since the epoch, on every metrics.jsonl row
 DEFAULT_GROUP = "charts"
 
@@ -116,8 +120,8 @@ def success_ci(successes: Iterable, z: float = 1.959963984540054) -> dict:
 
 PREVIOUS_DIR = "previous"
 # What a run writes into its directory (a sweep's train.log stays: the sweep owns it).
-RUN_FILES = (METRICS_FILE, EVAL_FILE, CONFIG_FILE, PLOTS_DIR, "checkpoints", "tokenizer",
-             "summary.json", "trajectories.jsonl")
+RUN_FILES = (METRICS_FILE, EVAL_FILE, CONFIG_FILE, PLOTS_DIR, SUMMARY_FILE, CHECKPOINT_DIR,
+             TOKENIZER_DIR, TRAJECTORIES_FILE)
 
 
 def set_aside_previous_run(run_dir: str) -> str | None:
@@ -128,7 +132,7 @@ def set_aside_previous_run(run_dir: str) -> str | None:
     metrics.jsonl), its files and TensorBoard events move to run_dir/previous/<time>/;
     returns that folder, or None when there was nothing to move.
     """
-    checkpoints = os.path.join(run_dir, "checkpoints")
+    checkpoints = os.path.join(run_dir, CHECKPOINT_DIR)
     has_run = os.path.exists(os.path.join(run_dir, METRICS_FILE)) or (
         os.path.isdir(checkpoints) and os.listdir(checkpoints)
     )

@@ -41,13 +41,12 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from jaxrl_agents.config import ConfigError, load_config, split_config_args
-from jaxrl_agents.logging import EVAL_FILE, _write_json_atomic
+from jaxrl_agents.logging import CHECKPOINT_DIR, EVAL_FILE, SUMMARY_FILE, _write_json_atomic
 
 SWEEP_KEYS = ("name", "config", "overrides", "grid", "runs")
 # Keys the sweep itself sets on every run; a sweep file may not override them.
 RESERVED_KEYS = ("output_dir", "name")
 MAX_NAME_LEN = 120  # longer derived run names are cut and given a hash suffix
-SUMMARY_FILE = "summary.json"  # written by the trainer when a run finishes (loop.write_summary)
 PLOT_FILE = "success.png"  # the sweep's bar chart, beside its summary.json
 LOG_FILE = "train.log"
 TRAIN_MODULE = "jaxrl_agents.cli"  # `python -m jaxrl_agents.cli` is jaxrl-train
@@ -239,7 +238,7 @@ def is_finished(path: str) -> bool:
 
 def has_checkpoint(path: str) -> bool:
     """True when run_dir/checkpoints holds a complete step (a directory named by digits)."""
-    ckpt = os.path.join(path, "checkpoints")
+    ckpt = os.path.join(path, CHECKPOINT_DIR)
     return os.path.isdir(ckpt) and any(p.isdigit() for p in os.listdir(ckpt))
 
 

@@ -25,7 +25,14 @@ from jaxrl_agents import distributed, monitors, reward_model
 from jaxrl_agents import rewards as reward_lib
 from jaxrl_agents.checkpoint import Checkpointer
 from jaxrl_agents.data.selection import filter_groups
-from jaxrl_agents.logging import RunLogger, set_aside_previous_run, success_ci
+from jaxrl_agents.logging import (
+    CHECKPOINT_DIR,
+    SUMMARY_FILE,
+    TRAJECTORIES_FILE,
+    RunLogger,
+    set_aside_previous_run,
+    success_ci,
+)
 from jaxrl_agents.sharding import make_mesh
 from jaxrl_agents.trainer import setup, shares
 from jaxrl_agents.trainer.rl import make_learner
@@ -104,7 +111,7 @@ class Trainer:
         self.reward_metrics = {}
         self.rollout_stats = {}
         self.checkpointer = Checkpointer(
-            os.path.join(self.run_dir, "checkpoints"), keep=cfg.checkpoint.keep
+            os.path.join(self.run_dir, CHECKPOINT_DIR), keep=cfg.checkpoint.keep
         )
         self.key = jax.random.key(cfg.seed)
         self.logger = None
@@ -262,7 +269,7 @@ class Trainer:
         dump = (
             cfg.reward.dump_trajectories
             and distributed.is_main_process()
-            and os.path.join(self.run_dir, "trajectories.jsonl")
+            and os.path.join(self.run_dir, TRAJECTORIES_FILE)
         )
         self.reward_metrics = reward_lib.shape_collected(
             trajs, self.reward_recipe, reward_model=self.reward_model, dump_path=dump, update=update
@@ -438,6 +445,6 @@ def format_summary(summary: dict) -> str:
 
 
 def write_summary(summary: dict) -> None:
-    path = os.path.join(summary["run_dir"], "summary.json")
+    path = os.path.join(summary["run_dir"], SUMMARY_FILE)
     with open(path, "w") as f:
         json.dump({k: v for k, v in summary.items() if k != "plots"}, f, indent=1, default=str)

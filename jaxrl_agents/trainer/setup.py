@@ -11,6 +11,7 @@ import numpy as np
 from flax import nnx
 
 import envs
+from jaxrl_agents.logging import TOKENIZER_DIR
 from jaxrl_agents.models import build_actor_critic, build_policy
 from jaxrl_agents.models.tokenizer import load_tokenizer, train_tokenizer
 from jaxrl_agents.rollout import DEFAULT_SYSTEM_PROMPT, EpisodeDriver, grouped_specs
@@ -159,7 +160,7 @@ def build_tokenizer(cfg, run_dir: str, text_fn):
     """Loads `tokenizer.path`, or trains one on `text_fn()` into run_dir/tokenizer."""
     if cfg.tokenizer.path:
         return load_tokenizer(cfg.tokenizer.path)
-    path = os.path.join(run_dir, "tokenizer")
+    path = os.path.join(run_dir, TOKENIZER_DIR)
     if os.path.exists(os.path.join(path, "tokenizer.json")):
         return load_tokenizer(path)
     return train_tokenizer(text_fn(), cfg.tokenizer.vocab_size, path)
