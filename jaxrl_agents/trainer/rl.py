@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -27,7 +28,7 @@ from flax import nnx
 
 from jaxrl_agents import distributed, kernels, sharding
 from jaxrl_agents.config import check_groups
-from jaxrl_agents.data import Batch
+from jaxrl_agents.data import Batch, bucket
 from jaxrl_agents.trainer import ewc, optim
 from jaxrl_agents.trainer.kl_control import KLController
 
@@ -399,6 +400,11 @@ class RLLearner:
     `prepare_rows` caps the rows of each forward chunk in `prepare` (None: a training
     micro-batch's rows, minibatch_size // grad_accum, whose forward pass the train step
     already holds in memory).
+
+    With `length_buckets`, each minibatch is cut to the bucket of its own longest episode
+    rather than the whole batch's (right padding: the cut columns are padding, so the
+    step is the same; attention's cost is quadratic in T, so a minibatch of short
+    episodes costs far less). One program is compiled per bucket.
     """
 
     def __init__(
@@ -415,6 +421,7 @@ class RLLearner:
         mesh: jax.sharding.Mesh | None = None,
         master_weights: bool = False,
         prepare_rows: int | None = None,
+        length_buckets: Sequence[int] | None = None,
     ):
         if minibatch_size % grad_accum:
             raise ValueError(
@@ -431,6 +438,7 @@ class RLLearner:
         self.mesh = mesh
         self.master_weights = master_weights  # keep a float32 copy for the optimizer
         self.prepare_rows = prepare_rows
+        self.length_buckets = tuple(length_buckets) if length_buckets else None
         self.graphdef, _ = nnx.split(actor_critic)
         self.ref_graphdef, _ = nnx.split(actor_critic.policy)
         self._prepare = jax.jit(
@@ -442,6 +450,9 @@ class RLLearner:
             **self._step_shardings(actor_critic),
         )
         self._consolidate = jax.jit(functools.partial(consolidate, hp, self.graphdef))
+        replicated = {} if mesh is None else {
+            "out_shardings": jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())}
+        self._count_valid = jax.jit(lambda valid: valid.sum(axis=1), **replicated)
         self.updates = 0
 
     def _step_shardings(self, actor_critic) -> dict:
@@ -489,10 +500,32 @@ class RLLearner:
             return {k: jnp.asarray(v) for k, v in batch.as_dict().items()}
         return distributed.global_batch(batch.as_dict(), self.mesh)
 
-    def _micro_batches(self, arrays: dict, idx: np.ndarray, accum: int) -> dict:
-        """Rows `idx` as [accum, len(idx) // accum, ...], split over the mesh's batch axes."""
+    def _row_lengths(self, arrays: dict) -> np.ndarray | None:
+        """Real tokens per row [B] on the host (every process gets all rows), or None
+        when minibatches are not cut."""
+        if self.length_buckets is None:
+            return None
+        return np.asarray(self._count_valid(arrays["valid"]))
+
+    def _minibatch_length(self, lengths: np.ndarray | None, idx: np.ndarray, full: int) -> int:
+        """The padded length a minibatch of rows `idx` is cut to (at most `full`)."""
+        if lengths is None:
+            return full
+        return min(bucket(max(int(lengths[idx].max()), 1), self.length_buckets), full)
+
+    def _micro_batches(self, arrays: dict, idx: np.ndarray, accum: int, length: int) -> dict:
+        """Rows `idx`, cut to `length` columns, as [accum, len(idx) // accum, ...], split
+        over the mesh's batch axes."""
         b = len(idx) // accum
-        micro = {k: v[idx].reshape((accum, b) + v.shape[1:]) for k, v in arrays.items()}
+        full = arrays["input_ids"].shape[1]
+
+        def rows(v):
+            v = v[idx]
+            if v.ndim >= 2 and v.shape[1] == full:
+                v = v[:, :length]
+            return v.reshape((accum, b) + v.shape[1:])
+
+        micro = {k: rows(v) for k, v in arrays.items()}
         if self.mesh is None or b % (self.mesh.shape["data"] * self.mesh.shape["fsdp"]):
             return micro
         spec = jax.sharding.PartitionSpec(None, sharding.BATCH_AXES)
@@ -517,12 +550,14 @@ class RLLearner:
         extras, prep_metrics = self._prepare(state, arrays, kl_coef, prepare_rows)
         arrays.update(extras)
         policy_coef = jnp.float32(0.0 if self.updates < self.value_warmup_updates else 1.0)
+        lengths, full = self._row_lengths(arrays), arrays["input_ids"].shape[1]
         step_metrics = []
         for epoch in range(self.ppo_epochs):
             order = np.asarray(jax.random.permutation(jax.random.fold_in(key, epoch), rows))
             for i in range(num_mb):
                 idx = order[i * mb_size : (i + 1) * mb_size]
-                micro = self._micro_batches(arrays, idx, accum)
+                length = self._minibatch_length(lengths, idx, full)
+                micro = self._micro_batches(arrays, idx, accum, length)
                 state, m = self._train_step(state, micro, kl_coef, policy_coef)
                 step_metrics.append(m)
         metrics = jax.device_get({**prep_metrics, **_mean_metrics(step_metrics)})
@@ -576,4 +611,5 @@ def make_learner(
         value_warmup_updates=cfg.rl.value_warmup_updates,
         master_weights=cfg.rl.master_weights == "float32",
         mesh=mesh,
+        length_buckets=cfg.rollout.length_buckets,
     )

@@ -289,3 +289,31 @@ def test_a_cut_episode_is_bootstrapped_only_when_asked(bootstrap):
         assert float(jnp.abs(returns_cut - returns_ended).max()) > 1e-4
     else:
         np.testing.assert_array_equal(returns_cut, returns_ended)
+
+
+def test_cutting_minibatches_to_their_own_length_changes_nothing():
+    """A batch padded far past its episodes (T=64, episodes of 9-24 tokens): minibatches
+    cut to their own bucket give the update of the uncut batch."""
+    import dataclasses
+
+    ac, batch = tiny_actor_critic(), random_batch(7)
+    widen = lambda v: np.pad(v, ((0, 0), (0, 64 - v.shape[1]))) if v.ndim == 2 else v
+    batch = dataclasses.replace(batch, **{k: widen(v) for k, v in batch.as_dict().items()})
+    assert batch.shape[1] == 64
+    results, cut_lengths = [], []
+    for buckets in (None, (8, 16, 24, 32)):
+        hp = RLHyper(estimator="gae", entropy_coef=0.01)
+        learner = RLLearner(ac, hp, optax.adam(3e-3), ppo_epochs=2, minibatch_size=2,
+                            length_buckets=buckets)
+        micro_batches = learner._micro_batches
+        learner._micro_batches = lambda a, idx, accum, length: (
+            cut_lengths.append(length) or micro_batches(a, idx, accum, length))
+        state, metrics = learner.update(learner.init_state(ac), batch, jax.random.key(0))
+        results.append((metrics, jax.tree.leaves(state.params)))
+    assert set(cut_lengths[:8]) == {64} and max(cut_lengths[8:]) <= 32
+    assert len(set(cut_lengths[8:])) > 1  # minibatches of different lengths
+    (m_full, p_full), (m_cut, p_cut) = results
+    for k in m_full:
+        assert m_cut[k] == pytest.approx(m_full[k], rel=1e-4, abs=1e-5), k
+    for a, b in zip(p_cut, p_full):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
