@@ -305,9 +305,12 @@ def test_cutting_minibatches_to_their_own_length_changes_nothing():
         hp = RLHyper(estimator="gae", entropy_coef=0.01)
         learner = RLLearner(ac, hp, optax.adam(3e-3), ppo_epochs=2, minibatch_size=2,
                             length_buckets=buckets)
-        micro_batches = learner._micro_batches
-        learner._micro_batches = lambda a, idx, accum, length: (
-            cut_lengths.append(length) or micro_batches(a, idx, accum, length))
+
+        def recording(arrays, idx, accum, length, cut=learner._micro_batches):
+            cut_lengths.append(length)
+            return cut(arrays, idx, accum, length)
+
+        learner._micro_batches = recording
         state, metrics = learner.update(learner.init_state(ac), batch, jax.random.key(0))
         results.append((metrics, jax.tree.leaves(state.params)))
     assert set(cut_lengths[:8]) == {64} and max(cut_lengths[8:]) <= 32
