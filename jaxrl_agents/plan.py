@@ -37,6 +37,7 @@ from flax import nnx
 from jax.sharding import AbstractMesh, AxisType
 
 from jaxrl_agents import sharding
+from jaxrl_agents.data.packing import bucket
 from jaxrl_agents.models import ModelConfig, Transformer, build_actor_critic
 from jaxrl_agents.models.build import checkpoint_overrides
 from jaxrl_agents.models.hf_io import read_config
@@ -294,8 +295,8 @@ def kv_cache_spec(
     from jaxrl_agents.rollout import sampler
 
     multiple = mesh.shape["data"] * mesh.shape["fsdp"]
-    batch = sampler.bucket(cfg.rollout.episodes_per_batch, sampler.BATCH_BUCKETS, multiple)
-    slots = sampler.bucket(cfg.rollout.max_context, sampler.CACHE_BUCKETS)
+    batch = bucket(cfg.rollout.episodes_per_batch, sampler.BATCH_BUCKETS, multiple)
+    slots = bucket(cfg.rollout.max_context, sampler.CACHE_BUCKETS)
     shape = (batch, mc.num_kv_heads, slots, mc.head_dim)
     axes = ("batch", "kv_heads", "length", "head_dim")
     return shape, mc.jnp_dtype, sharding.logical_to_sharding(axes, mesh, shape)
@@ -320,7 +321,6 @@ class Plan:
 
 def train_shape(cfg, mesh) -> tuple[int, int, int]:
     """(micro-batch rows, rows per device, tokens per row) of one training step."""
-    from jaxrl_agents.data.packing import bucket
 
     minibatch = min(cfg.rl.minibatch_size, cfg.rollout.episodes_per_batch)
     accum = cfg.rl.grad_accum if minibatch % cfg.rl.grad_accum == 0 else 1

@@ -10,13 +10,14 @@ from jaxrl_agents.data.choices import allowed_array
 from jaxrl_agents.data.trajectory import ACTION, Batch, Trajectory
 
 
-def bucket(n: int, buckets: Sequence[int]) -> int:
-    """The smallest bucket >= n; past the largest, the next multiple of the largest."""
-    for size in sorted(buckets):
-        if n <= size:
-            return size
-    top = max(buckets)
-    return -(-n // top) * top
+def bucket(n: int, buckets: Sequence[int], multiple: int = 1) -> int:
+    """The smallest bucket >= n (past the largest: the next multiple of the largest), then
+    rounded up to a multiple of `multiple` (e.g. the data-parallel size of a mesh)."""
+    chosen = next((size for size in sorted(buckets) if size >= n), None)
+    if chosen is None:
+        top = max(buckets)
+        chosen = -(-n // top) * top
+    return -(-chosen // multiple) * multiple
 
 
 def pack(

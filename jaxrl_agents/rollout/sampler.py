@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxrl_agents.data.packing import bucket
 from jaxrl_agents.models.transformer import rope_tables
 
 # One (k, v) pair per layer, each [B, K, S, H].
@@ -44,16 +45,6 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 CHOICE_BUCKETS = (8, 16, 32, 64, 128, 256)  # commands offered per row (constrained decoding)
 DEFAULT_CHOICE_WIDTH = 64  # a step with more distinct candidate ids is not constrained
 _NEG_INF = -jnp.inf
-
-
-def bucket(n: int, sizes: Sequence[int], multiple: int = 1) -> int:
-    """The smallest size >= n (past the largest: the next multiple of it), then rounded up to
-    a multiple of `multiple` (the data-parallel size of a mesh)."""
-    chosen = next((s for s in sorted(sizes) if s >= n), None)
-    if chosen is None:
-        top = max(sizes)
-        chosen = -(-n // top) * top
-    return -(-chosen // multiple) * multiple
 
 
 # ----------------------------------------------------------------------------- sampling maths

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 import torch
 
+from jaxrl_agents.data import bucket
 from jaxrl_agents.models import hf_io
 from jaxrl_agents.rollout import Sampler, SamplingParams, generate
-from jaxrl_agents.rollout.sampler import bucket, filter_logits
+from jaxrl_agents.rollout.sampler import filter_logits
 from tests.models.hf_helpers import make_hf_model
 
 VOCAB = 97
