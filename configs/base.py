@@ -205,6 +205,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.action_space.initial_verbs = ("go", "take", "open", "close", "put", "insert",  # stage 0
                                     "examine", "look", "inventory", "drop")  # fmt: skip
     c.action_space.growth = 0.2  # a stage adds at most this share of the allowed verbs
+    c.action_space.advance_above = 0.75  # next stage when training success exceeds this
+    c.action_space.advance_every_epochs = 1  # epochs between decisions to advance
     c.action_space.compound_actions = 0  # "a ; b" runs up to this many commands in a turn; 0 = off
 
     # --- monitor: warnings when a run degenerates -------------------------------------------

@@ -16,7 +16,9 @@ the spec:
 
 `ActionStaging` decides the verbs of each stage: `initial_verbs` first, then each
 `advance()` adds at most `growth` x the verbs allowed so far (at least one), in the order of
-`KNOWN_VERBS`; past the last known verb the restriction is lifted.
+`KNOWN_VERBS`; past the last known verb the restriction is lifted. The trainer `record`s
+each update's training episodes and, at the end of each period, `decide`s: the next stage
+comes when success over the period exceeded the threshold (as a curriculum promotes).
 """
 
 from __future__ import annotations
@@ -132,14 +134,17 @@ def wrap(env, spec: Mapping):
 
 @dataclasses.dataclass
 class ActionStaging:
-    """The verbs of the current stage; `advance()` (called by the curriculum / loop after
-    an evaluation) moves to the next. State: `stage` and `allowed` (plain data)."""
+    """The verbs of the current stage; `advance()` moves to the next, `decide()` does when
+    the success `record`ed since the last decision is high enough. State: `stage`,
+    `allowed` and the tally `wins` / `episodes` (plain data)."""
 
     initial_verbs: Sequence[str] = KNOWN_VERBS[:10]
     growth: float = 0.2
     verb_order: Sequence[str] = KNOWN_VERBS
     stage: int = 0
     allowed: list | None = None  # None (after __post_init__): every verb
+    wins: int = 0  # training episodes won / played since the last decision
+    episodes: int = 0
 
     def __post_init__(self):
         if not self.initial_verbs:
@@ -171,6 +176,18 @@ class ActionStaging:
         self.allowed += pending[: max(1, math.floor(self.growth * len(self.allowed)))]
         return True
 
+    def record(self, wins: int, episodes: int) -> None:
+        """Adds an update's training outcomes to the tally of the current period."""
+        self.wins += int(wins)
+        self.episodes += int(episodes)
+
+    def decide(self, advance_above: float) -> bool:
+        """Ends a period: advances when its success rate exceeded `advance_above` (no
+        episode: no advance); the tally starts again. True when the stage changed."""
+        rate = self.wins / self.episodes if self.episodes else 0.0
+        self.wins = self.episodes = 0
+        return rate > advance_above and self.advance()
+
     def apply(self, spec: dict) -> dict:
         """`spec` with this stage's `allowed_verbs` (removed once unrestricted)."""
         out = {k: v for k, v in spec.items() if k != "allowed_verbs"}
@@ -179,8 +196,10 @@ class ActionStaging:
         return out
 
     def state_dict(self) -> dict:
-        return {"stage": self.stage, "allowed": self.allowed_verbs}
+        return {"stage": self.stage, "allowed": self.allowed_verbs, "wins": self.wins,
+                "episodes": self.episodes}
 
     def load_state_dict(self, state: Mapping) -> None:
         self.stage = int(state["stage"])
         self.allowed = None if state["allowed"] is None else list(state["allowed"])
+        self.wins, self.episodes = int(state.get("wins", 0)), int(state.get("episodes", 0))

@@ -133,11 +133,12 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
         value = _get(cfg, key)
         if value is not _MISSING and value not in allowed:
             raise ConfigError(f"config key {key!r} is {value!r}; allowed: {list(allowed)}")
-    for key in ("rollout.episodes_per_batch", "rollout.max_action_tokens", "rl.minibatch_size"):
+    for key in ("rollout.episodes_per_batch", "rollout.max_action_tokens", "rl.minibatch_size",
+                "action_space.advance_every_epochs"):
         value = _get(cfg, key)
         if value is not _MISSING and value <= 0:
             raise ConfigError(f"config key {key!r} must be positive, got {value!r}")
-    for key in ("algo.gamma", "algo.lam", "sft.val_fraction"):
+    for key in ("algo.gamma", "algo.lam", "sft.val_fraction", "action_space.advance_above"):
         value = _get(cfg, key)
         if value is not _MISSING and not 0.0 <= value <= 1.0:
             raise ConfigError(f"config key {key!r} must lie in [0, 1], got {value!r}")

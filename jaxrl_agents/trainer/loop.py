@@ -141,21 +141,37 @@ class Trainer:
         self.learner.updates = int(meta["learner_updates"])
         self.reward_stats = reward_lib.RunningMeanStd.from_dict(meta["reward_stats"])
         self.monitor.load_state_dict(meta.get("monitor", {}))
-        if self.staging and meta.get("action_stage") and meta["action_stage"]["stage"]:
+        if self.staging and meta.get("action_stage"):
             self.staging.load_state_dict(meta["action_stage"])
-            self._rebuild_pool()
+            if self.staging.stage:
+                self._rebuild_pool()
         self.schedule.load_state_dict(meta.get("schedule", {}))
         self.driver._groups_used = self.progress.groups_used
         self._sync_policy()
         return True
 
     def advance_action_stage(self) -> bool:
-        """Hook for the curriculum, after an evaluation: allows the next stage's verbs
-        (action_space.staging) and rebuilds the env pool. False when nothing changed."""
+        """Allows the next stage's verbs (action_space.staging) and rebuilds the env pool.
+        False when nothing changed."""
         if self.staging is None or not self.staging.advance():
             return False
         self._rebuild_pool()
         return True
+
+    def stage_actions(self, update: int, trajs) -> dict:
+        """Action-space staging after update `update`: tallies its training episodes and,
+        every `action_space.advance_every_epochs` epochs, moves to the next stage's verbs
+        when success over them exceeded `action_space.advance_above`."""
+        played = [t for t in trajs if not t.failed]
+        self.staging.record(sum(bool(t.won) for t in played), len(played))
+        period = self.schedule.updates_per_epoch * self.cfg.action_space.advance_every_epochs
+        if (update + 1) % period == 0 and self.staging.decide(self.cfg.action_space.advance_above):
+            self._rebuild_pool()
+            self.logger.write(f"Action space: stage {self.staging.stage}, verbs "
+                              f"{self.staging.allowed_verbs or 'all'}")
+        verbs = self.staging.allowed_verbs
+        return {"action_space/stage": self.staging.stage,
+                "action_space/verbs": len(verbs) if verbs is not None else -1}
 
     def _rebuild_pool(self) -> None:
         self.pool.close()
@@ -310,6 +326,8 @@ class Trainer:
         metrics.update(stats)
         metrics.update(self.reward_metrics)
         metrics.update(self.schedule.observe(update, trajs))
+        if self.staging is not None:
+            metrics.update(self.stage_actions(update, trajs))
         if metrics.get("curriculum/move") == 1.0 and self.cfg.curriculum.ewc_coef > 0:
             # EWC: the stage just left (this batch, these parameters) becomes the anchor.
             self.state = self.learner.consolidate(self.state, batch)

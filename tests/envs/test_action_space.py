@@ -160,3 +160,17 @@ def test_textworld_actions_line_is_filtered(tw_spec):
     assert shown == first.info["admissible_commands"]
     assert all(verb_of(c) in ("go", "take") for c in shown)
     env.close()
+
+
+def test_staging_advances_only_after_a_period_above_the_threshold():
+    staging = ActionStaging(initial_verbs=["go", "take"], growth=0.5)
+    staging.record(3, 4)
+    assert not staging.decide(0.75)  # 0.75 is not above 0.75
+    assert staging.stage == 0 and (staging.wins, staging.episodes) == (0, 0)
+    assert not staging.decide(0.0)  # a period without episodes never advances
+    staging.record(2, 4)
+    staging.record(4, 4)  # 6 of 8 over the period
+    restored = ActionStaging(initial_verbs=["go", "take"], growth=0.5)
+    restored.load_state_dict(staging.state_dict())  # the tally survives a checkpoint
+    assert restored.decide(0.7) and restored.stage == 1
+    assert restored.allowed_verbs == ["go", "take", "open"]

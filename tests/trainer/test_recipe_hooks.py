@@ -47,9 +47,15 @@ def test_one_update_with_filter_bonus_monitors_and_stage_hook(tmp_path):
         assert any("KL drift" in line for line in lines)
         assert np.isfinite(metrics["monitor/repeat_rate"])
         assert 0 <= metrics["monitor/admissible_coverage"] <= 1  # toy envs offer commands
+        assert metrics["action_space/stage"] == 0  # one update: no period ended yet
         old_pool = trainer.pool
-        assert trainer.advance_action_stage() and trainer.staging.stage == 1
+        # The period so far holds update 1's 8 episodes; with 40 more won it is above 0.75.
+        trainer.staging.record(40, 40)
+        period = trainer.schedule.updates_per_epoch * cfg.action_space.advance_every_epochs
+        assert trainer.stage_actions(period - 1, [])["action_space/stage"] == 1
         assert trainer.pool is not old_pool and trainer.driver.pool is trainer.pool
+        assert any("Action space: stage 1" in line for line in lines)
+        assert trainer.advance_action_stage() and trainer.staging.stage == 2
         assert len(trainer.pool.reset([0])) == 1
     finally:
         trainer.close()
