@@ -186,12 +186,6 @@ class TaskSchedule:
         stages = self.curriculum.stages_to_evaluate(update // self.updates_per_epoch)
         return [(key, list(self.layout.groups[key].eval_ids)) for key in stages]
 
-    def success_by_task(self, trajectories) -> dict[str, float]:
-        """{task: success} of some episodes, when the run has more than one task."""
-        if len(self.layout.groups) < 2:
-            return {}
-        return {k: wins / n for k, (wins, n) in sorted(self._tally(trajectories).items())}
-
     # -- checkpoints
 
     def state_dict(self) -> dict:

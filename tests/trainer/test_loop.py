@@ -132,7 +132,7 @@ def test_each_task_gets_its_own_held_out_entry(tmp_path):
         assert [part["n"] for part in parts] == [3, 3], stage
         wins = sum(round(part["mean"] * part["n"]) for part in parts)
         assert wins == round(evals[stage]["mean"] * evals[stage]["n"]) and evals[stage]["n"] == 6
-        assert sorted(evals[stage]["by_task"]) == list(tasks)
+        assert evals[stage]["by_task"] == {task: part["mean"] for task, part in zip(tasks, parts)}
     assert summary["rl"] == evals["rl"]
 
 
