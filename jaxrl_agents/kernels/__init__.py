@@ -14,6 +14,7 @@ from jaxrl_agents.kernels.gae import bilevel_gae, gae, turn_boundaries, turn_gae
 from jaxrl_agents.kernels.kl import kl, kl_per_token
 from jaxrl_agents.kernels.losses import (
     aggregate,
+    allowed_logits,
     entropy,
     next_token_logprobs,
     next_token_logprobs_and_entropy,
@@ -26,6 +27,7 @@ from jaxrl_agents.kernels.losses import (
 from jaxrl_agents.kernels.stats import masked_mean, masked_sum, masked_var, masked_whiten
 
 __all__ = [
+    "allowed_logits",
     "ESTIMATORS",
     "GROUP_ESTIMATORS",
     "NEEDS_CRITIC",

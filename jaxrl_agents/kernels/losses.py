@@ -59,6 +59,13 @@ def next_token_logprobs(logits, input_ids):
 _NOT_ALLOWED = -1e30  # finite, so an all-masked row has finite gradients
 
 
+def allowed_logits(logits, ids):
+    """The logits of each position's allowed ids: [B, T, V], [B, T, K] int32 (-1 pads the
+    list) -> [B, T, K], a large negative value on padding."""
+    return jnp.where(ids >= 0, jnp.take_along_axis(logits, jnp.maximum(ids, 0), axis=-1),
+                     _NOT_ALLOWED)
+
+
 def next_token_logprobs_and_entropy(logits, input_ids, allowed=None):
     """log p(token t | tokens < t) and the entropy of the distribution token t was drawn from,
     both aligned with the tokens: [B, T, V], [B, T] -> ([B, T], [B, T]), 0 at t = 0.
@@ -76,8 +83,7 @@ def next_token_logprobs_and_entropy(logits, input_ids, allowed=None):
     if allowed is not None:
         ids = allowed[:, 1:]  # (B, T-1, K)
         ok = ids >= 0
-        picked = jnp.where(ok, jnp.take_along_axis(logits, jnp.maximum(ids, 0), axis=-1),
-                           _NOT_ALLOWED)
+        picked = allowed_logits(logits, ids)
         logp_k = jax.nn.log_softmax(picked, axis=-1)  # (B, T-1, K)
         target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
         constrained = ok.any(axis=-1)

@@ -39,8 +39,7 @@ def sft_loss(graphdef, params, batch: dict, target: str = "actions"):
     predicted = kernels.shift_right(jnp.argmax(logits, axis=-1))  # (B, T): aligned
     if allowed is not None:  # constrained tokens: the argmax among their allowed ids
         ids = allowed[:, 1:]  # (B, T-1, K), predicted by logits[:, :-1]
-        picked = jnp.take_along_axis(logits[:, :-1], jnp.maximum(ids, 0), axis=-1)
-        top = jnp.argmax(jnp.where(ids >= 0, picked, -jnp.inf), axis=-1)
+        top = jnp.argmax(kernels.allowed_logits(logits[:, :-1], ids), axis=-1)
         best = jnp.take_along_axis(ids, top[..., None], axis=-1)[..., 0]
         best = jnp.pad(best, ((0, 0), (1, 0)), constant_values=-1)
         predicted = jnp.where((allowed >= 0).any(axis=-1), best, predicted)

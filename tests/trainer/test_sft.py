@@ -110,3 +110,26 @@ def test_target_all_models_every_token_and_bad_target_is_an_error():
     with pytest.raises(ValueError, match="target"):
         SFTTrainer(policy, learning_rate=1e-3, batch_size=4, epochs=1, val_fraction=0.2,
                    target="prompts")
+
+
+def test_token_accuracy_of_a_constrained_token_is_the_argmax_among_its_allowed_ids():
+    import jax.numpy as jnp
+
+    from jaxrl_agents.trainer.sft import sft_loss
+
+    policy = tiny_policy(vocab_size=16)
+    graphdef, params = nnx.split(policy)
+    ids = jnp.array([[1, 2, 3]], jnp.int32)
+    logits = np.asarray(policy(ids))[0, 1]  # predicts token 2 (the action)
+    ranked = [int(i) for i in np.argsort(-logits)]
+    batch = {"input_ids": ids, "positions": jnp.arange(3)[None], "valid": jnp.ones((1, 3)),
+             "action_mask": jnp.array([[0.0, 0.0, 1.0]])}
+    for action, allowed, expected in ((ranked[1], ranked[1:3], 1.0),  # best allowed id
+                                      (ranked[2], ranked[1:3], 0.0),  # allowed, not best
+                                      (ranked[0], [], 1.0)):  # unconstrained: plain argmax
+        batch["input_ids"] = ids.at[0, 2].set(action)
+        row = np.full((1, 3, 4), -1, np.int32)
+        row[0, 2, : len(allowed)] = allowed
+        batch["allowed"] = jnp.asarray(row)
+        _, metrics = sft_loss(graphdef, params, batch)
+        assert float(metrics["sft/token_accuracy"]) == expected, (action, allowed)
