@@ -15,6 +15,7 @@ from jaxrl_agents.kernels.kl import kl, kl_per_token
 from jaxrl_agents.kernels.losses import (
     aggregate,
     allowed_logits,
+    chunked_next_token_logprobs_and_entropy,
     entropy,
     next_token_logprobs,
     next_token_logprobs_and_entropy,
@@ -28,6 +29,7 @@ from jaxrl_agents.kernels.stats import masked_mean, masked_sum, masked_var, mask
 
 __all__ = [
     "allowed_logits",
+    "chunked_next_token_logprobs_and_entropy",
     "ESTIMATORS",
     "GROUP_ESTIMATORS",
     "NEEDS_CRITIC",

@@ -66,6 +66,26 @@ def allowed_logits(logits, ids):
                      _NOT_ALLOWED)
 
 
+def _target_logprobs_and_entropy(logits, targets, allowed=None):
+    """log p(target) and the entropy of the distribution each target was drawn from:
+    logits [B, n, V] predicting targets [B, n] -> ([B, n], [B, n]) float32; `allowed`
+    [B, n, K] as in `next_token_logprobs_and_entropy` (already aligned with targets)."""
+    logits = logits.astype(jnp.float32)
+    logp_full = jax.nn.log_softmax(logits, axis=-1)
+    logp = jnp.take_along_axis(logp_full, targets[..., None], axis=-1)[..., 0]
+    ent = -jnp.sum(jnp.exp(logp_full) * logp_full, axis=-1)
+    if allowed is not None:
+        ok = allowed >= 0
+        picked = allowed_logits(logits, allowed)
+        logp_k = jax.nn.log_softmax(picked, axis=-1)  # (B, n, K)
+        target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+        constrained = ok.any(axis=-1)
+        logp = jnp.where(constrained, target_logit - jax.nn.logsumexp(picked, axis=-1), logp)
+        ent_k = -jnp.sum(jnp.where(ok, jnp.exp(logp_k) * logp_k, 0.0), axis=-1)
+        ent = jnp.where(constrained, ent_k, ent)
+    return logp, ent
+
+
 def next_token_logprobs_and_entropy(logits, input_ids, allowed=None):
     """log p(token t | tokens < t) and the entropy of the distribution token t was drawn from,
     both aligned with the tokens: [B, T, V], [B, T] -> ([B, T], [B, T]), 0 at t = 0.
@@ -75,24 +95,41 @@ def next_token_logprobs_and_entropy(logits, input_ids, allowed=None):
     was drawn from the whole vocabulary. Restricted tokens get log-probs and entropies of
     the softmax over their allowed ids only, exactly the distribution the sampler drew from.
     """
-    logits = logits[:, :-1].astype(jnp.float32)  # (B, T-1, V): predicts tokens 1..T-1
-    targets = input_ids[:, 1:]
-    logp_full = jax.nn.log_softmax(logits, axis=-1)
-    logp = jnp.take_along_axis(logp_full, targets[..., None], axis=-1)[..., 0]
-    ent = -jnp.sum(jnp.exp(logp_full) * logp_full, axis=-1)
-    if allowed is not None:
-        ids = allowed[:, 1:]  # (B, T-1, K)
-        ok = ids >= 0
-        picked = allowed_logits(logits, ids)
-        logp_k = jax.nn.log_softmax(picked, axis=-1)  # (B, T-1, K)
-        target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-        constrained = ok.any(axis=-1)
-        lse = jax.nn.logsumexp(picked, axis=-1)
-        logp = jnp.where(constrained, target_logit - lse, logp)
-        ent_k = -jnp.sum(jnp.where(ok, jnp.exp(logp_k) * logp_k, 0.0), axis=-1)
-        ent = jnp.where(constrained, ent_k, ent)
+    logp, ent = _target_logprobs_and_entropy(
+        logits[:, :-1], input_ids[:, 1:], None if allowed is None else allowed[:, 1:]
+    )
     pad = ((0, 0), (1, 0))
     return jnp.pad(logp, pad), jnp.pad(ent, pad)
+
+
+def chunked_next_token_logprobs_and_entropy(hidden, unembed, input_ids, allowed=None, *,
+                                            chunk: int):
+    """`next_token_logprobs_and_entropy(unembed(hidden), input_ids, allowed)` with the
+    logits made `chunk` positions at a time and made again in the backward pass, so at
+    most [B, chunk, V] of them exist at once instead of [B, T, V] (a 150k vocabulary at
+    T = 4096 is 2.5 GB per row in float32).
+
+    hidden [B, T, D]; unembed: [B, c, D] -> [B, c, V] logits (e.g. `Transformer.logits`).
+    """
+    b, t = input_ids.shape
+    n = t - 1
+    steps = -(-n // chunk)
+    extra = steps * chunk - n
+    hidden = jnp.pad(hidden[:, :-1], ((0, 0), (0, extra), (0, 0)))
+    targets = jnp.pad(input_ids[:, 1:], ((0, 0), (0, extra)))
+    if allowed is not None:
+        allowed = jnp.pad(allowed[:, 1:], ((0, 0), (0, extra), (0, 0)), constant_values=-1)
+
+    @jax.checkpoint
+    def one_chunk(part):
+        h, y, a = part
+        return _target_logprobs_and_entropy(unembed(h), y, a)
+
+    split = lambda x: x.reshape(b, steps, chunk, *x.shape[2:]).swapaxes(0, 1)
+    parts = (split(hidden), split(targets), None if allowed is None else split(allowed))
+    logp, ent = jax.lax.map(one_chunk, parts)  # (steps, B, chunk) each
+    merge = lambda y: jnp.pad(y.swapaxes(0, 1).reshape(b, -1)[:, :n], ((0, 0), (1, 0)))
+    return merge(logp), merge(ent)
 
 
 @functools.partial(jax.jit, static_argnames=("agg",))

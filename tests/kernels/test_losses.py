@@ -183,3 +183,42 @@ def test_next_token_logprobs_and_entropy_match_numpy_with_and_without_restrictio
         jnp.asarray(logits))
     outside = np.setdiff1d(np.arange(v), allowed[0, 2])
     assert np.all(np.asarray(g)[0, 1, outside] == 0.0)
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 6, 64])
+def test_chunked_logprobs_equal_the_whole_sequence_ones_with_their_gradients(chunk):
+    """Logits made `chunk` positions at a time (T - 1 = 8: chunks that divide it, that do
+    not, and one longer than the sequence): same values and same gradients with respect to
+    the hidden states and the output matrix, with and without restricted tokens."""
+    rng = np.random.default_rng(1)
+    b, t, d, v, k = 2, 9, 5, 13, 3
+    hidden = jnp.asarray(rng.normal(size=(b, t, d)), jnp.float32)
+    w = jnp.asarray(rng.normal(size=(v, d)), jnp.float32)
+    ids = jnp.asarray(rng.integers(0, v, size=(b, t)), jnp.int32)
+    allowed = np.full((b, t, k), -1, np.int32)
+    allowed[0, 4, :2] = sorted([int(ids[0, 4]), (int(ids[0, 4]) + 1) % v])
+    choices = sorted({int(ids[1, 8]), 0, 1})
+    allowed[1, 8, : len(choices)] = choices
+    weights = jnp.asarray(rng.normal(size=(b, t)), jnp.float32)
+
+    def unembed(w_):
+        return lambda h: jnp.einsum("btd,vd->btv", h, w_)
+
+    def whole(h, w_, restricted):
+        return kernels.next_token_logprobs_and_entropy(unembed(w_)(h), ids, restricted)
+
+    def chunked(h, w_, restricted):
+        return kernels.chunked_next_token_logprobs_and_entropy(
+            h, unembed(w_), ids, restricted, chunk=chunk)
+
+    def weighted_sum(f):
+        return lambda h, w_, restricted: sum((x * weights).sum() for x in f(h, w_, restricted))
+
+    for restricted in (None, jnp.asarray(allowed)):
+        for got, want in zip(chunked(hidden, w, restricted), whole(hidden, w, restricted)):
+            assert got.shape == (b, t)
+            np.testing.assert_allclose(got, want, atol=1e-5)
+        got = jax.grad(weighted_sum(chunked), argnums=(0, 1))(hidden, w, restricted)
+        want = jax.grad(weighted_sum(whole), argnums=(0, 1))(hidden, w, restricted)
+        for g, e in zip(got, want):
+            np.testing.assert_allclose(g, e, atol=1e-4)
