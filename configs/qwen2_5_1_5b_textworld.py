@@ -36,6 +36,7 @@ def get_config():
     c.rl.learning_rate = 3e-6
     c.rl.lr_schedule = "step_decay"  # x0.9 every 200 episodes
     c.rl.episodes_per_epoch = 1000
+    c.rl.logits_chunk = 512  # 152k-token vocabulary: never all [rows, T, V] logits at once
     c.rl.epochs = 1
     c.rl.eval_every = 8  # every 256 episodes
     return c

@@ -41,6 +41,7 @@ def get_config():
     c.rl.episodes_per_epoch = 500
     c.rl.epochs = 20  # four curriculum decisions
     c.rl.minibatch_size = 16
+    c.rl.logits_chunk = 512  # 152k-token vocabulary: never all [rows, T, V] logits at once
     c.rl.grad_accum = 2  # 8-row micro-batches: one 4096-token row per chip on v5e-8
     c.curriculum.enabled = True
     c.curriculum.stages = ("w2-o3-q4", "w8-o3-q4", "w2-o12-q4", "w4-o6-q8")

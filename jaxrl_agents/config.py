@@ -138,6 +138,10 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
         value = _get(cfg, key)
         if value is not _MISSING and value <= 0:
             raise ConfigError(f"config key {key!r} must be positive, got {value!r}")
+    for key in ("rl.logits_chunk",):
+        value = _get(cfg, key)
+        if value is not _MISSING and value < 0:
+            raise ConfigError(f"config key {key!r} must be >= 0, got {value!r}")
     for key in ("algo.gamma", "algo.lam", "sft.val_fraction", "action_space.advance_above"):
         value = _get(cfg, key)
         if value is not _MISSING and not 0.0 <= value <= 1.0:

@@ -76,6 +76,11 @@ def test_choices_are_checked():
         load_config(BASE, ["--config.algo.estimator=ppo2"])
     with pytest.raises(ConfigError, match="algo.gamma"):
         load_config(BASE, ["--config.algo.gamma=1.5"])
+    for bad, needle in (("rl.logits_chunk=-1", "rl.logits_chunk"),
+                        ("action_space.advance_above=2.0", "action_space.advance_above"),
+                        ("action_space.advance_every_epochs=0", "advance_every_epochs")):
+        with pytest.raises(ConfigError, match=needle):
+            load_config(BASE, [bad])
     cfg = base.get_config()
     for key in CHOICES:
         section, leaf = key.split(".")

@@ -72,13 +72,18 @@ class ActorCritic(nnx.Module):
         """Critic values [B, T] float32."""
         return self.critic(input_ids, positions, attention_mask)
 
+    def hidden_and_values(self, input_ids, positions=None, attention_mask=None):
+        """(the policy's hidden states [B, T, D], values [B, T]); one trunk pass when the
+        trunk is shared. `policy.logits(hidden)` gives the logits."""
+        hidden = self.policy.hidden_states(input_ids, positions, attention_mask)
+        if self.kind in SHARED_TRUNK_KINDS:
+            return hidden, self.critic.from_hidden(hidden)
+        return hidden, self.critic(input_ids, positions, attention_mask)
+
     def logits_and_values(self, input_ids, positions=None, attention_mask=None):
         """(logits [B, T, V], values [B, T]); one trunk pass when the trunk is shared."""
-        if self.kind in SHARED_TRUNK_KINDS:
-            hidden = self.policy.hidden_states(input_ids, positions, attention_mask)
-            return self.policy.logits(hidden), self.critic.from_hidden(hidden)
-        return (self.policy(input_ids, positions, attention_mask),
-                self.critic(input_ids, positions, attention_mask))
+        hidden, values = self.hidden_and_values(input_ids, positions, attention_mask)
+        return self.policy.logits(hidden), values
 
 
 def build_actor_critic(policy: Transformer, kind: str, *, rngs: nnx.Rngs | None = None
