@@ -127,25 +127,27 @@ def apply_override(cfg: ml_collections.ConfigDict, override: str) -> None:
         node[leaf] = _parse_value(key, value_text, node[leaf])
 
 
+# Numeric keys with a range: (keys, test, what the error says the value must do).
+BOUNDS = (
+    (("rollout.episodes_per_batch", "rollout.max_action_tokens", "rl.minibatch_size",
+      "action_space.advance_every_epochs"), lambda v: v > 0, "must be positive"),
+    (("rl.logits_chunk",), lambda v: v >= 0, "must be >= 0"),
+    (("algo.gamma", "algo.lam", "sft.val_fraction", "action_space.advance_above"),
+     lambda v: 0.0 <= v <= 1.0, "must lie in [0, 1]"),
+)
+
+
 def validate(cfg: ml_collections.ConfigDict) -> None:
-    """Checks the fields with fixed choices, and sizes that must be positive."""
+    """Checks the fields with fixed choices and the numeric ranges of BOUNDS."""
     for key, allowed in CHOICES.items():
         value = _get(cfg, key)
         if value is not _MISSING and value not in allowed:
             raise ConfigError(f"config key {key!r} is {value!r}; allowed: {list(allowed)}")
-    for key in ("rollout.episodes_per_batch", "rollout.max_action_tokens", "rl.minibatch_size",
-                "action_space.advance_every_epochs"):
-        value = _get(cfg, key)
-        if value is not _MISSING and value <= 0:
-            raise ConfigError(f"config key {key!r} must be positive, got {value!r}")
-    for key in ("rl.logits_chunk",):
-        value = _get(cfg, key)
-        if value is not _MISSING and value < 0:
-            raise ConfigError(f"config key {key!r} must be >= 0, got {value!r}")
-    for key in ("algo.gamma", "algo.lam", "sft.val_fraction", "action_space.advance_above"):
-        value = _get(cfg, key)
-        if value is not _MISSING and not 0.0 <= value <= 1.0:
-            raise ConfigError(f"config key {key!r} must lie in [0, 1], got {value!r}")
+    for keys, holds, rule in BOUNDS:
+        for key in keys:
+            value = _get(cfg, key)
+            if value is not _MISSING and not holds(value):
+                raise ConfigError(f"config key {key!r} {rule}, got {value!r}")
     check_task_names(cfg, "env.eval_tasks")
     check_groups(cfg)
 

@@ -321,7 +321,6 @@ class Plan:
 
 def train_shape(cfg, mesh) -> tuple[int, int, int]:
     """(micro-batch rows, rows per device, tokens per row) of one training step."""
-
     minibatch = min(cfg.rl.minibatch_size, cfg.rollout.episodes_per_batch)
     accum = cfg.rl.grad_accum if minibatch % cfg.rl.grad_accum == 0 else 1
     micro = minibatch // accum

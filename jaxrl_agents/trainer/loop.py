@@ -207,14 +207,14 @@ class Trainer:
             local += self.eval_driver.run(part, greedy=True, max_steps=budgets)
         trajs = [t for part in distributed.allgather_objects(local) for t in part]
         result = held_out_result(trajs)
-        per_task = {task: held_out_result(part)
-                    for task, part in self.layout.split_by_task(trajs).items()}
-        if len(per_task) > 1:  # one figure per task, counted as the whole is
+        parts = self.layout.split_by_task(trajs)
+        per_task = {}
+        if len(parts) > 1:  # one figure per task, counted as the whole is
+            per_task = {task: held_out_result(part) for task, part in parts.items()}
             result["by_task"] = {task: r["mean"] for task, r in sorted(per_task.items())}
         self.logger.write_eval(stage, result, step=step)
-        if len(per_task) > 1:
-            for task, task_result in per_task.items():
-                self.logger.write_eval(f"{stage}:{task}", task_result, step=step)
+        for task, task_result in per_task.items():
+            self.logger.write_eval(f"{stage}:{task}", task_result, step=step)
         return result
 
     def run_pretrain(self) -> dict:
