@@ -297,9 +297,8 @@ def kv_cache_spec(
     multiple = mesh.shape["data"] * mesh.shape["fsdp"]
     batch = bucket(cfg.rollout.episodes_per_batch, sampler.BATCH_BUCKETS, multiple)
     slots = bucket(cfg.rollout.max_context, sampler.CACHE_BUCKETS)
-    shape = (batch, mc.num_kv_heads, slots, mc.head_dim)
-    axes = ("batch", "kv_heads", "length", "head_dim")
-    return shape, mc.jnp_dtype, sharding.logical_to_sharding(axes, mesh, shape)
+    shape = (batch, mc.num_kv_heads, slots, mc.head_dim)  # values; keys hold the same
+    return shape, mc.jnp_dtype, sharding.logical_to_sharding(sampler.VALUE_AXES, mesh, shape)
 
 
 # ----------------------------------------------------------------------------- the plan

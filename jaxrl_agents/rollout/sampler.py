@@ -11,9 +11,12 @@ chunk and the decode slots of a row that already stopped stay masked: a row's re
 sit in the cache with holes in between. RoPE positions count real tokens only, so the holes
 change nothing; `_compact` squeezes them out (stable, per row) when the cache would
 overflow, and `_grow` pads the cache to the next size bucket when that is not enough.
-The cache is one (k, v) pair of [B, K, S, H] buffers per layer (`LayerCache`), so the decode
-loop updates each in place (a stacked `KVCache` would be copied whole at every token) and
-attention reads it without transposing it (`cached_attention`). The layers themselves are
+The cache is one (k, v) pair of buffers per layer (`LayerCache`), so the decode loop
+updates each in place (a stacked `KVCache` would be copied whole at every token). Keys are
+stored [B, K, H, S] and values [B, K, S, H]: both attention matmuls then run along
+contiguous memory (slots for the scores, head dims for the output) and read the cache as it
+is stored (`cached_attention`); with keys stored [B, K, S, H] the decode step's score
+matmul took ~40% of its time on this CPU (bench/rollout.py). The layers themselves are
 the model's own `Block` submodules (norms, projections, RoPE, MLP).
 
 Shape letters: B batch, P chunk length, M max new tokens, S cache slots, V vocab.
@@ -34,8 +37,12 @@ from flax import nnx
 from jaxrl_agents.data.packing import bucket
 from jaxrl_agents.models.transformer import rope_tables
 
-# One (k, v) pair per layer, each [B, K, S, H].
+# One (k, v) pair per layer: k [B, K, H, S], v [B, K, S, H].
 LayerCache = tuple[tuple[jax.Array, jax.Array], ...]
+# Logical axes of the two buffers (for sharding and the memory plan), and where the slots are.
+KEY_AXES = ("batch", "kv_heads", "head_dim", "length")
+VALUE_AXES = ("batch", "kv_heads", "length", "head_dim")
+_KEY_SLOT_AXIS, _VALUE_SLOT_AXIS = KEY_AXES.index("length"), VALUE_AXES.index("length")
 _MASKED = -1e30  # added to masked attention scores, as in the model
 
 # Steps of about 1.5x past 128: little padding, a handful of compiled programs per run.
@@ -145,7 +152,7 @@ def choice_constraint(choice_ids_bcl, alive_bc, step, vocab: int, width: int):
 class DecodeState(NamedTuple):
     """The cache of B rows between calls.
 
-    cache: LayerCache, per layer (k, v) [B, K, S, H]. cache_mask: [B, S] bool, slots holding real
+    cache: LayerCache, per layer k [B, K, H, S] and v [B, K, S, H]. cache_mask: [B, S] bool, slots holding real
     tokens. cache_index: first free slot (host int; all rows share it). lengths: [B] int32
     numpy, real tokens per row (the RoPE position of the next token).
     """
@@ -196,17 +203,17 @@ def _layers(model) -> list:
             for i in range(model.config.num_layers)]
 
 
-def cached_attention(q_btnh, k_bksh, v_bksh, mask_bts):
+def cached_attention(q_btnh, k_bkhs, v_bksh, mask_bts):
     """Grouped-query attention of T queries over the S cache slots (float32 softmax).
 
-    The cache is [B, K, S, H] (kv heads before slots), so the two matmuls read it as it is
-    stored. mask_bts: True where query t may see slot s. Returns [B, T, N, H].
+    Keys [B, K, H, S], values [B, K, S, H], as the cache stores them. mask_bts: True where
+    query t may see slot s. Returns [B, T, N, H].
     """
     b, t, n, h = q_btnh.shape
-    k, s = k_bksh.shape[1], k_bksh.shape[2]
+    k, s = k_bkhs.shape[1], k_bkhs.shape[3]
     g = n // k
     q = q_btnh.reshape(b, t, k, g, h).transpose(0, 2, 3, 1, 4).reshape(b, k, g * t, h)
-    scores = jnp.einsum("bkqh,bksh->bkqs", q, k_bksh, preferred_element_type=jnp.float32)
+    scores = jnp.einsum("bkqh,bkhs->bkqs", q, k_bkhs, preferred_element_type=jnp.float32)
     scores = scores.reshape(b, k, g, t, s) * (h ** -0.5)
     scores = jnp.where(mask_bts[:, None, None], scores, _MASKED)
     probs = jax.nn.softmax(scores, axis=-1).astype(v_bksh.dtype).reshape(b, k, g * t, s)
@@ -215,22 +222,22 @@ def cached_attention(q_btnh, k_bksh, v_bksh, mask_bts):
 
 
 def _block_step(block, x_btd, cos, sin, mask_bts, kv, cache_index):
-    """`Block.__call__` with its cache in the [B, K, S, H] layout: writes this call's keys
-    and values at slots [cache_index, cache_index + T) and attends over all slots."""
+    """`Block.__call__` on the sampler's cache (keys [B, K, H, S], values [B, K, S, H]):
+    writes this call's keys and values at slots [cache_index, cache_index + T) and attends
+    over all slots."""
     q, k, v = block.attn.qkv(block.input_norm(x_btd), cos, sin)  # k, v (B, T, K, H)
     k_cache, v_cache = kv
-    start = (0, 0, cache_index, 0)
-    k_cache = jax.lax.dynamic_update_slice(k_cache, k.transpose(0, 2, 1, 3).astype(
-        k_cache.dtype), start)
-    v_cache = jax.lax.dynamic_update_slice(v_cache, v.transpose(0, 2, 1, 3).astype(
-        v_cache.dtype), start)
+    k_cache = jax.lax.dynamic_update_slice(
+        k_cache, k.transpose(0, 2, 3, 1).astype(k_cache.dtype), (0, 0, 0, cache_index))
+    v_cache = jax.lax.dynamic_update_slice(
+        v_cache, v.transpose(0, 2, 1, 3).astype(v_cache.dtype), (0, 0, cache_index, 0))
     x_btd = x_btd + block.attn.output(cached_attention(q, k_cache, v_cache, mask_bts))
     x_btd = x_btd + block.mlp(block.post_attn_norm(x_btd))
     return x_btd, (k_cache, v_cache)
 
 
 def _forward(model, ids_bt, positions_bt, cache: LayerCache, cache_index, cache_mask_bs):
-    """What `Transformer.forward_with_cache` computes, on a per-layer [B, K, S, H] cache:
+    """What `Transformer.forward_with_cache` computes, on the sampler's per-layer cache:
     query t sees slot s when cache_mask[b, s] and s <= cache_index + t.
     Returns (float32 logits [B, T, V], cache)."""
     cfg = model.config
@@ -316,8 +323,9 @@ def _extend(graphdef, params, cache, cache_mask, cache_index, chunk_ids, chunk_m
 def _compact(cache: LayerCache, cache_mask):
     """Moves each row's real slots to the front, in order; returns (cache, mask, max count)."""
     order = jnp.argsort(~cache_mask, axis=1, stable=True)  # (B, S): real slots first
-    gather = order[:, None, :, None]  # (B, 1, S, 1)
-    cache = jax.tree.map(lambda x: jnp.take_along_axis(x, gather, axis=2), cache)
+    cache = tuple((jnp.take_along_axis(k, order[:, None, None, :], axis=_KEY_SLOT_AXIS),
+                   jnp.take_along_axis(v, order[:, None, :, None], axis=_VALUE_SLOT_AXIS))
+                  for k, v in cache)
     mask = jnp.take_along_axis(cache_mask, order, axis=1)
     return cache, mask, jnp.max(jnp.sum(cache_mask, axis=1))
 
@@ -326,8 +334,9 @@ def _compact(cache: LayerCache, cache_mask):
 def _grow(cache: LayerCache, cache_mask, *, slots: int):
     """Pads the cache with empty slots up to `slots`."""
     extra = slots - cache_mask.shape[1]
-    pad = ((0, 0), (0, 0), (0, extra), (0, 0))
-    return (jax.tree.map(lambda x: jnp.pad(x, pad), cache),
+    pad_keys = ((0, 0), (0, 0), (0, 0), (0, extra))
+    pad_values = ((0, 0), (0, 0), (0, extra), (0, 0))
+    return (tuple((jnp.pad(k, pad_keys), jnp.pad(v, pad_values)) for k, v in cache),
             jnp.pad(cache_mask, ((0, 0), (0, extra))))
 
 
@@ -405,11 +414,14 @@ class Sampler:
             return cache, cache_mask
         from jaxrl_agents import sharding
 
-        axes = ("batch", "kv_heads", "length", "head_dim")
-        kv_sharding = sharding.logical_to_sharding(axes, self.mesh, cache[0][0].shape)
+        k_sharding, v_sharding = (
+            sharding.logical_to_sharding(axes, self.mesh, buf.shape)
+            for axes, buf in zip((KEY_AXES, VALUE_AXES), cache[0]))
         mask_sharding = sharding.logical_to_sharding(("batch", "length"), self.mesh,
                                                      cache_mask.shape)
-        return (jax.device_put(cache, kv_sharding), jax.device_put(cache_mask, mask_sharding))
+        cache = tuple((jax.device_put(k, k_sharding), jax.device_put(v, v_sharding))
+                      for k, v in cache)
+        return cache, jax.device_put(cache_mask, mask_sharding)
 
     def _place_rows(self, x):
         if self.mesh is None:
@@ -422,8 +434,9 @@ class Sampler:
         """An empty cache for `batch` rows (already a batch bucket) and `slots` slots."""
         slots = bucket(max(slots, 1), self.cache_buckets)
         cfg = self.config
-        shape = (batch, cfg.num_kv_heads, slots, cfg.head_dim)
-        cache = tuple((jnp.zeros(shape, cfg.jnp_dtype), jnp.zeros(shape, cfg.jnp_dtype))
+        keys = (batch, cfg.num_kv_heads, cfg.head_dim, slots)
+        values = (batch, cfg.num_kv_heads, slots, cfg.head_dim)
+        cache = tuple((jnp.zeros(keys, cfg.jnp_dtype), jnp.zeros(values, cfg.jnp_dtype))
                       for _ in range(cfg.num_layers))
         mask = jnp.zeros((batch, slots), bool)
         cache, mask = self._place_cache(cache, mask)
