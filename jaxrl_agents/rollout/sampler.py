@@ -35,7 +35,7 @@ import numpy as np
 from flax import nnx
 
 from jaxrl_agents.data.packing import bucket
-from jaxrl_agents.models.transformer import rope_tables
+from jaxrl_agents.models.transformer import apply_rope, rms_norm, rope_tables
 
 # One (k, v) pair per layer: k [B, K, H, S], v [B, K, S, H].
 LayerCache = tuple[tuple[jax.Array, jax.Array], ...]
@@ -221,25 +221,65 @@ def cached_attention(q_btnh, k_bkhs, v_bksh, mask_bts):
     return out.reshape(b, k, g, t, h).transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
 
 
-def _block_step(block, x_btd, cos, sin, mask_bts, kv, cache_index):
-    """`Block.__call__` on the sampler's cache (keys [B, K, H, S], values [B, K, S, H]):
-    writes this call's keys and values at slots [cache_index, cache_index + T) and attends
-    over all slots."""
-    q, k, v = block.attn.qkv(block.input_norm(x_btd), cos, sin)  # k, v (B, T, K, H)
+class DecodeWeights(NamedTuple):
+    """One layer's weights arranged for the sampler: the projections that read the same
+    input are joined into one matrix, all stored [in, out]. Decode multiplies a few rows
+    by each matrix; on CPU one [D, (N+2K)H] matmul costs far less than three small ones.
+
+    qkv [D, (N+2K)H] and its bias [(N+2K)H] (zeros without q/k/v bias), o [NH, D],
+    gate_up [D, 2F], down [F, D], and the two RMSNorm scales [D].
+    """
+
+    input_norm: jax.Array
+    qkv: jax.Array
+    qkv_bias: jax.Array
+    o: jax.Array
+    post_attn_norm: jax.Array
+    gate_up: jax.Array
+    down: jax.Array
+
+
+def decode_weights(block, dtype) -> DecodeWeights:
+    """`DecodeWeights` of a model `Block` (its [out, in] matrices joined and transposed)."""
+    attn, mlp = block.attn, block.mlp
+    qkv = jnp.concatenate([attn.q_proj[...], attn.k_proj[...], attn.v_proj[...]], axis=0)
+    if attn.cfg.qkv_bias:
+        bias = jnp.concatenate([attn.q_bias[...], attn.k_bias[...], attn.v_bias[...]])
+    else:
+        bias = jnp.zeros(qkv.shape[:1], qkv.dtype)
+    gate_up = jnp.concatenate([mlp.gate_proj[...], mlp.up_proj[...]], axis=0)
+    return DecodeWeights(
+        block.input_norm.weight[...], qkv.T.astype(dtype), bias.astype(dtype),
+        attn.o_proj[...].T.astype(dtype), block.post_attn_norm.weight[...],
+        gate_up.T.astype(dtype), mlp.down_proj[...].T.astype(dtype))
+
+
+def _block_step(cfg, w: DecodeWeights, x_btd, cos, sin, mask_bts, kv, cache_index):
+    """What the model's `Block` computes, with `DecodeWeights`, on the sampler's cache
+    (keys [B, K, H, S], values [B, K, S, H]): writes this call's keys and values at slots
+    [cache_index, cache_index + T) and attends over all slots."""
+    b, t, _ = x_btd.shape
+    n, k, h = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    qkv = rms_norm(x_btd, w.input_norm, cfg.rms_norm_eps) @ w.qkv + w.qkv_bias
+    q, k_new, v_new = jnp.split(qkv.reshape(b, t, n + 2 * k, h), [n, n + k], axis=2)
+    q, k_new = apply_rope(q, cos, sin), apply_rope(k_new, cos, sin)
     k_cache, v_cache = kv
     k_cache = jax.lax.dynamic_update_slice(
-        k_cache, k.transpose(0, 2, 3, 1).astype(k_cache.dtype), (0, 0, 0, cache_index))
+        k_cache, k_new.transpose(0, 2, 3, 1).astype(k_cache.dtype), (0, 0, 0, cache_index))
     v_cache = jax.lax.dynamic_update_slice(
-        v_cache, v.transpose(0, 2, 1, 3).astype(v_cache.dtype), (0, 0, cache_index, 0))
-    x_btd = x_btd + block.attn.output(cached_attention(q, k_cache, v_cache, mask_bts))
-    x_btd = x_btd + block.mlp(block.post_attn_norm(x_btd))
+        v_cache, v_new.transpose(0, 2, 1, 3).astype(v_cache.dtype), (0, 0, cache_index, 0))
+    x_btd = x_btd + cached_attention(q, k_cache, v_cache, mask_bts).reshape(b, t, n * h) @ w.o
+    gate, up = jnp.split(rms_norm(x_btd, w.post_attn_norm, cfg.rms_norm_eps) @ w.gate_up, 2,
+                         axis=-1)
+    x_btd = x_btd + (jax.nn.silu(gate) * up) @ w.down
     return x_btd, (k_cache, v_cache)
 
 
-def _forward(model, ids_bt, positions_bt, cache: LayerCache, cache_index, cache_mask_bs):
-    """What `Transformer.forward_with_cache` computes, on the sampler's per-layer cache:
-    query t sees slot s when cache_mask[b, s] and s <= cache_index + t.
-    Returns (float32 logits [B, T, V], cache)."""
+def _forward(model, weights, ids_bt, positions_bt, cache: LayerCache, cache_index,
+             cache_mask_bs):
+    """What `Transformer.forward_with_cache` computes, on the sampler's per-layer cache and
+    the layers' `DecodeWeights`: query t sees slot s when cache_mask[b, s] and
+    s <= cache_index + t. Returns (float32 logits [B, T, V], cache)."""
     cfg = model.config
     t, s = ids_bt.shape[1], cache_mask_bs.shape[1]
     causal = jnp.arange(s)[None, :] <= (cache_index + jnp.arange(t))[:, None]  # (T, S)
@@ -247,8 +287,8 @@ def _forward(model, ids_bt, positions_bt, cache: LayerCache, cache_index, cache_
     x = model.embed_tokens[...][ids_bt].astype(cfg.jnp_dtype)  # (B, T, D)
     cos, sin = rope_tables(positions_bt, cfg.head_dim, cfg.rope_theta)
     new_cache = []
-    for block, kv in zip(_layers(model), cache):
-        x, kv = _block_step(block, x, cos, sin, mask, kv, cache_index)
+    for w, kv in zip(weights, cache):
+        x, kv = _block_step(cfg, w, x, cos, sin, mask, kv, cache_index)
         new_cache.append(kv)
     return model.logits(model.final_norm(x)), tuple(new_cache)
 
@@ -277,7 +317,9 @@ def _extend(graphdef, params, cache, cache_mask, cache_index, chunk_ids, chunk_m
     positions = lengths[:, None] + jnp.cumsum(chunk_mask, axis=1) - 1  # (B, P)
     positions = jnp.maximum(positions, 0)
     cache_mask = jax.lax.dynamic_update_slice(cache_mask, chunk_mask, (0, cache_index))
-    logits, cache = _forward(model, chunk_ids, positions, cache, cache_index, cache_mask)
+    weights = [decode_weights(block, model.config.jnp_dtype) for block in _layers(model)]
+    logits, cache = _forward(model, weights, chunk_ids, positions, cache, cache_index,
+                             cache_mask)
     lengths = lengths + chunk_mask.sum(axis=1, dtype=jnp.int32)
     done = ~chunk_mask.any(axis=1)
 
@@ -302,7 +344,7 @@ def _extend(graphdef, params, cache, cache_mask, cache_index, chunk_ids, chunk_m
         lp_samp = lp_samp.at[:, i].set(jnp.where(live, samp, 0.0))
         slot = cache_index + p + i
         cache_mask = jax.lax.dynamic_update_slice(cache_mask, live[:, None], (0, slot))
-        logits, cache = _forward(model, tok[:, None], lengths[:, None], cache, slot,
+        logits, cache = _forward(model, weights, tok[:, None], lengths[:, None], cache, slot,
                                  cache_mask)
         lengths = lengths + live.astype(jnp.int32)
         done = done | (live & stop_table[tok]) | (i + 1 >= max_new)
