@@ -4,12 +4,7 @@ import statistics
 import time
 
 
-def median_seconds(fn, *, repeats=5, warmup=1, min_time=0.0):
-    """Median wall time of `fn()` over `repeats` runs (after `warmup` untimed runs).
-
-    With `min_time`, each timed run loops `fn` until that much time has passed and
-    reports the time per call.
-    """
+def _times(fn, repeats, warmup, min_time):
     for _ in range(warmup):
         fn()
     times = []
@@ -22,7 +17,22 @@ def median_seconds(fn, *, repeats=5, warmup=1, min_time=0.0):
             if elapsed >= min_time:
                 break
         times.append(elapsed / calls)
-    return statistics.median(times)
+    return times
+
+
+def median_seconds(fn, *, repeats=5, warmup=1, min_time=0.0):
+    """Median wall time of `fn()` over `repeats` runs (after `warmup` untimed runs).
+
+    With `min_time`, each timed run loops `fn` until that much time has passed and
+    reports the time per call.
+    """
+    return statistics.median(_times(fn, repeats, warmup, min_time))
+
+
+def best_seconds(fn, *, repeats=5, warmup=1, min_time=0.0):
+    """Like `median_seconds`, but the fastest run: on a shared, noisy machine the least
+    disturbed run is the steadiest estimate of what the code itself costs."""
+    return min(_times(fn, repeats, warmup, min_time))
 
 
 def copy_bandwidth_gbs(megabytes=256):

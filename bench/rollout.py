@@ -26,7 +26,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
-from bench.common import median_seconds, table  # noqa: E402
+from bench.common import best_seconds, table  # noqa: E402
 from jaxrl_agents.models import hf_io  # noqa: E402
 from jaxrl_agents.rollout import Sampler, SamplingParams  # noqa: E402
 
@@ -73,12 +73,12 @@ def decode_throughput(repeats: int):
         sampler = Sampler(model)
         for b in batches:
             run = lambda p=prompts[b]: sampler.generate(p.tolist(), NEW_TOKENS, SamplingParams())
-            ours[b] = median_seconds(run, repeats=repeats, warmup=1)
+            ours[b] = best_seconds(run, repeats=repeats, warmup=1)
         for threads in (default_threads, 1):
             torch.set_num_threads(threads)
             for b in batches:
                 run = lambda p=prompts[b]: torch_generate(torch_model, p)
-                theirs[b, threads] = median_seconds(run, repeats=repeats, warmup=1)
+                theirs[b, threads] = best_seconds(run, repeats=repeats, warmup=1)
         torch.set_num_threads(default_threads)
     rows = []
     for b in batches:
@@ -90,7 +90,7 @@ def decode_throughput(repeats: int):
     print(f"Decode throughput: greedy, prompt {PROMPT_LEN} tokens, {NEW_TOKENS} new tokens, "
           f"Qwen2 D=256 L=4 V=2048 (random weights), transformers {transformers.__version__}, "
           f"torch {torch.__version__}, jax {jax.__version__} on {jax.devices()[0].platform}, "
-          f"median of {repeats}")
+          f"best of {repeats} runs each")
     t = default_threads
     print(table(rows, ["batch", "ours tok/s", f"torch({t} thr) tok/s", "ratio",
                        "torch(1 thr) tok/s", "ratio"]))
@@ -144,7 +144,7 @@ def main():
     parser.add_argument("--quick", action="store_true", help="fewer repeats and episodes")
     parser.add_argument("--skip-driver", action="store_true")
     args = parser.parse_args()
-    decode_throughput(repeats=1 if args.quick else 2)
+    decode_throughput(repeats=2 if args.quick else 5)
     if not args.skip_driver:
         episodes_per_minute(8 if args.quick else 16)
 

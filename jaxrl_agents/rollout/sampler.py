@@ -50,6 +50,9 @@ PREFILL_BUCKETS = (16, 32, 64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
 CACHE_BUCKETS = (128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 CHOICE_BUCKETS = (8, 16, 32, 64, 128, 256)  # commands offered per row (constrained decoding)
+# Attention reads the smallest of up to 4 cache prefixes (S, S/2, S/4, S/8, none under
+# 128 slots) that holds the filled slots (`cached_attention`).
+ATTENTION_PREFIXES, MIN_ATTENTION_PREFIX = 4, 128
 DEFAULT_CHOICE_WIDTH = 64  # a step with more distinct candidate ids is not constrained
 _NEG_INF = -jnp.inf
 
@@ -203,17 +206,46 @@ def _layers(model) -> list:
             for i in range(model.config.num_layers)]
 
 
-def cached_attention(q_btnh, k_bkhs, v_bksh, mask_bts):
-    """Grouped-query attention of T queries over the S cache slots (float32 softmax).
+def _prefix_sizes(slots: int) -> list[int]:
+    """The cache prefixes attention may be cut to, smallest first: slots, slots / 2, ...
+    down to `MIN_ATTENTION_PREFIX`, at most `ATTENTION_PREFIXES` of them."""
+    sizes = [slots]
+    while (len(sizes) < ATTENTION_PREFIXES and sizes[-1] % 2 == 0
+           and sizes[-1] // 2 >= MIN_ATTENTION_PREFIX):
+        sizes.append(sizes[-1] // 2)
+    return sizes[::-1]
 
-    Keys [B, K, H, S], values [B, K, S, H], as the cache stores them. mask_bts: True where
-    query t may see slot s. Returns [B, T, N, H].
+
+def cached_attention(q_btnh, k_bkhs, v_bksh, mask_bts, used):
+    """Grouped-query attention of T queries over the cache, reading only its filled part.
+
+    Keys [B, K, H, S], values [B, K, S, H], as the cache stores them; mask_bts [B, T, S]:
+    True where query t may see slot s, never at a slot >= `used` (a traced int). The
+    attention runs over the smallest of `_prefix_sizes(S)` that holds `used` slots (one
+    compiled branch per size, chosen by `lax.switch`), so a step early in a long cache does
+    not pay for the empty rest. Returns [B, T, N, H].
     """
+    sizes = _prefix_sizes(k_bkhs.shape[3])
+    if len(sizes) == 1:
+        return _attention(q_btnh, k_bkhs, v_bksh, mask_bts)
+    branches = [
+        lambda q, k, v, m, n=n: _attention(q, k[..., :n], v[:, :, :n], m[..., :n])
+        for n in sizes
+    ]
+    branch = sum((used > n).astype(jnp.int32) for n in sizes[:-1])
+    return jax.lax.switch(branch, branches, q_btnh, k_bkhs, v_bksh, mask_bts)
+
+
+def _attention(q_btnh, k_bkhs, v_bksh, mask_bts):
+    """`cached_attention` over all S slots given (float32 scores and softmax)."""
     b, t, n, h = q_btnh.shape
     k, s = k_bkhs.shape[1], k_bkhs.shape[3]
     g = n // k
     q = q_btnh.reshape(b, t, k, g, h).transpose(0, 2, 3, 1, 4).reshape(b, k, g * t, h)
-    scores = jnp.einsum("bkqh,bkhs->bkqs", q, k_bkhs, preferred_element_type=jnp.float32)
+    if t == 1:  # a decode step: G rows per kv head, a product-and-sum beats a tiny matmul
+        scores = jnp.sum(q.astype(jnp.float32)[..., None] * k_bkhs[:, :, None], axis=-2)
+    else:
+        scores = jnp.einsum("bkqh,bkhs->bkqs", q, k_bkhs, preferred_element_type=jnp.float32)
     scores = scores.reshape(b, k, g, t, s) * (h ** -0.5)
     scores = jnp.where(mask_bts[:, None, None], scores, _MASKED)
     probs = jax.nn.softmax(scores, axis=-1).astype(v_bksh.dtype).reshape(b, k, g * t, s)
@@ -268,7 +300,8 @@ def _block_step(cfg, w: DecodeWeights, x_btd, cos, sin, mask_bts, kv, cache_inde
         k_cache, k_new.transpose(0, 2, 3, 1).astype(k_cache.dtype), (0, 0, 0, cache_index))
     v_cache = jax.lax.dynamic_update_slice(
         v_cache, v_new.transpose(0, 2, 1, 3).astype(v_cache.dtype), (0, 0, cache_index, 0))
-    x_btd = x_btd + cached_attention(q, k_cache, v_cache, mask_bts).reshape(b, t, n * h) @ w.o
+    attn = cached_attention(q, k_cache, v_cache, mask_bts, used=cache_index + t)
+    x_btd = x_btd + attn.reshape(b, t, n * h) @ w.o
     gate, up = jnp.split(rms_norm(x_btd, w.post_attn_norm, cfg.rms_norm_eps) @ w.gate_up, 2,
                          axis=-1)
     x_btd = x_btd + (jax.nn.silu(gate) * up) @ w.down
