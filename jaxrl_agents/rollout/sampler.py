@@ -155,9 +155,9 @@ def choice_constraint(choice_ids_bcl, alive_bc, step, vocab: int, width: int):
 class DecodeState(NamedTuple):
     """The cache of B rows between calls.
 
-    cache: LayerCache, per layer k [B, K, H, S] and v [B, K, S, H]. cache_mask: [B, S] bool, slots holding real
-    tokens. cache_index: first free slot (host int; all rows share it). lengths: [B] int32
-    numpy, real tokens per row (the RoPE position of the next token).
+    cache: LayerCache, per layer k [B, K, H, S] and v [B, K, S, H]. cache_mask: [B, S]
+    bool, slots holding real tokens. cache_index: first free slot (host int; all rows share
+    it). lengths: [B] int32 numpy, real tokens per row (the RoPE position of the next token).
     """
 
     cache: LayerCache
