@@ -232,6 +232,7 @@ def cached_attention(q_btnh, k_bkhs, v_bksh, mask_bts, used):
         lambda q, k, v, m, n=n: _attention(q, k[..., :n], v[:, :, :n], m[..., :n])
         for n in sizes
     ]
+    used = jnp.asarray(used)
     branch = sum((used > n).astype(jnp.int32) for n in sizes[:-1])
     return jax.lax.switch(branch, branches, q_btnh, k_bkhs, v_bksh, mask_bts)
 

@@ -76,10 +76,13 @@ def test_scanned_layers_sample_the_same(checkpoint):
     np.testing.assert_allclose(sum(ours.logprobs, []), sum(theirs.logprobs, []), atol=1e-5)
 
 
+# 150 new tokens: a 256-slot cache, decoded first in its 128-slot prefix, then in all of it.
+@pytest.mark.parametrize("max_new", [MAX_NEW, 150])
 @pytest.mark.parametrize("params", [SamplingParams(0.0), SamplingParams(0.7)], ids=str)
-def test_logprobs_equal_a_teacher_forced_forward(checkpoint, params):
+def test_logprobs_equal_a_teacher_forced_forward(checkpoint, params, max_new):
     model, *_ = checkpoint
-    result = Sampler(model).generate(PROMPTS, MAX_NEW, params, jax.random.key(3))
+    result = Sampler(model).generate(PROMPTS, max_new, params, jax.random.key(3))
+    assert all(len(t) == max_new for t in result.tokens)
     rows = [p + t for p, t in zip(PROMPTS, result.tokens)]
     for prompt, toks, lp, slp, logits in zip(PROMPTS, result.tokens, result.logprobs,
                                              result.sampling_logprobs,
@@ -292,3 +295,39 @@ def test_constrained_decoding_emits_only_offered_commands(checkpoint, params):
         state = sampler.new_state(sampler.batch_size(len(prompts)), 64)
         _, free = sampler.extend(state, chunks, MAX_NEW, params, jax.random.key(0))
         np.testing.assert_array_equal(free.tokens[2], out.tokens[2])
+
+
+@pytest.mark.parametrize("queries", [1, 3])
+def test_cached_attention_reads_only_the_filled_prefix_and_matches_numpy(queries):
+    """`cached_attention` over a 512-slot cache (prefixes 128 / 256 / 512), for filled
+    lengths in each prefix and at their edges, equals a NumPy softmax attention over the
+    visible slots (holes included); the slots past `used` hold large stale entries that
+    must not leak in."""
+    from jaxrl_agents.rollout.sampler import _prefix_sizes, cached_attention
+
+    b, n, k, h, s = 2, 4, 2, 8, 512
+    assert _prefix_sizes(s) == [128, 256, 512]
+    rng = np.random.default_rng(0)
+    q = rng.normal(size=(b, queries, n, h)).astype(np.float32)
+    keys = rng.normal(size=(b, k, h, s)).astype(np.float32)  # [B, K, H, S]
+    values = rng.normal(size=(b, k, s, h)).astype(np.float32)  # [B, K, S, H]
+    for used in (queries, 100, 128, 129, 256, 300, 512):
+        filled = rng.random((b, s)) < 0.8
+        filled[:, used - queries:] = True  # this call's own slots
+        filled[:, used:] = False
+        causal = np.arange(s)[None, :] < used - queries + 1 + np.arange(queries)[:, None]
+        mask = filled[:, None, :] & causal[None]  # [B, T, S]
+        garbage_keys, garbage_values = keys.copy(), values.copy()
+        garbage_keys[..., used:] = 1e4
+        garbage_values[:, :, used:] = -1e4
+        got = np.asarray(cached_attention(q, garbage_keys, garbage_values, mask, used=used))
+        want = np.zeros_like(q)
+        for row in range(b):
+            for t in range(queries):
+                for head in range(n):
+                    kv = head // (n // k)
+                    seen = mask[row, t]
+                    scores = q[row, t, head] @ keys[row, kv][:, seen] / np.sqrt(h)
+                    p = np.exp(scores - scores.max())
+                    want[row, t, head] = (p / p.sum()) @ values[row, kv][seen]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"used={used}")
