@@ -65,17 +65,22 @@ def apply_rope(x_btnh, cos_bth, sin_bth):
 def attend(q_btnh, k_bskh, v_bskh, mask_bts):
     """Grouped-query softmax attention; mask_bts is True where query t may see key s.
 
-    Returns [B, T, N, H]. Scores and softmax are float32.
+    Returns [B, T, N, H]. Scores and softmax are float32. The softmax is normalised after
+    the value matmul, on [B, T, N, H] instead of the [B, N, T, S] weights: the same result
+    with S / H times fewer divisions (in both passes).
     """
     b, t, n, h = q_btnh.shape
     k = k_bskh.shape[2]
     q = q_btnh.reshape(b, t, k, n // k, h)  # (B, T, K, G, H)
     scores = jnp.einsum("btkgh,bskh->bkgts", q, k_bskh, preferred_element_type=jnp.float32)
-    scores = scores * (h ** -0.5)
-    scores = jnp.where(mask_bts[:, None, None, :, :], scores, _MASKED)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v_bskh.dtype)
-    out = jnp.einsum("bkgts,bskh->btkgh", probs, v_bskh)  # (B, T, K, G, H)
-    return out.reshape(b, t, n, h)
+    scores = jnp.where(mask_bts[:, None, None, :, :], scores * (h ** -0.5), _MASKED)
+    top = jax.lax.stop_gradient(scores.max(axis=-1, keepdims=True))
+    weights = jnp.exp(scores - top)  # (B, K, G, T, S), unnormalised
+    total = weights.sum(axis=-1)  # (B, K, G, T)
+    out = jnp.einsum("bkgts,bskh->btkgh", weights.astype(v_bskh.dtype), v_bskh,
+                     preferred_element_type=jnp.float32)  # (B, T, K, G, H)
+    out = out / total.transpose(0, 3, 1, 2)[..., None]
+    return out.astype(v_bskh.dtype).reshape(b, t, n, h)
 
 
 def causal_attend(q_btnh, k_btkh, v_btkh, mask_btt, block: int = 128):
