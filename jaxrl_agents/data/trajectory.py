@@ -19,8 +19,9 @@ class Trajectory:
 
     tokens: [L] int32, the exact ids fed to and sampled by the model.
     token_type: [L] int8, PROMPT (0) or ACTION (1).
-    logprobs: [L] float32, log-prob of each action token under the sampling policy
-        (raw policy, temperature not applied); 0 on prompt tokens.
+    logprobs: [L] float32, log-prob of each action token under the policy at the
+        rollout temperature, softmax(logits / temperature), before any top-k / top-p
+        filter (the policy the RL learner trains); 0 on prompt tokens.
     rewards: [L] float32, each turn's reward on the last action token of the turn.
     turn_ends: index of the last action token of every turn, in order.
     won / truncated / failed: the episode was solved / cut (step budget or context) /

@@ -110,13 +110,16 @@ def sample_tokens(logits_bv, key, params: SamplingParams, allowed_v=None, constr
     the padding rows of a vocabulary larger than the tokenizer's) nor, where given, one with
     `constraint_bv[row, token]` False ([B, V] bool: constrained decoding).
 
-    Returns (tokens [B] int32, raw log-probs [B] under softmax(logits) over the whole
-    vocabulary, or over the row's constraint, sampling log-probs [B] under the distribution
-    actually sampled from; 0 for greedy, which is deterministic).
+    Returns (tokens [B] int32, policy log-probs [B] under softmax(logits / temperature)
+    over the whole vocabulary, or over the row's constraint (temperature 1 when greedy):
+    the policy the RL learner trains, which scales its logits the same way; sampling
+    log-probs [B] under the distribution actually sampled from, top-k / top-p included;
+    0 for greedy, which is deterministic).
     """
     if constraint_bv is not None:
         logits_bv = jnp.where(constraint_bv, logits_bv, _NEG_INF)
-    raw = jax.nn.log_softmax(logits_bv.astype(jnp.float32), axis=-1)
+    scale = 1.0 if params.greedy else params.temperature
+    raw = jax.nn.log_softmax(logits_bv.astype(jnp.float32) / scale, axis=-1)
     if allowed_v is not None:
         logits_bv = jnp.where(allowed_v[None, :], logits_bv, _NEG_INF)
     if params.greedy:
@@ -188,8 +191,9 @@ class ChunkOutput(NamedTuple):
 
 @dataclasses.dataclass
 class GenerationResult:
-    """Per prompt: sampled ids, their log-probs under the raw policy, and under the
-    sampling distribution (temperature and filters applied; 0.0 for greedy)."""
+    """Per prompt: sampled ids, their log-probs under the policy at the sampling temperature
+    (softmax(logits / temperature); raw logits when greedy), and under the sampling
+    distribution (temperature and top-k / top-p filters applied; 0.0 for greedy)."""
 
     tokens: list[list[int]]
     logprobs: list[list[float]]

@@ -58,6 +58,7 @@ class RLHyper:
     ewc_coef: float = 0.0  # EWC penalty weight (0 = off; see trainer/ewc.py)
     ewc_decay: float = 1.0  # weight of the earlier stages' Fisher at each consolidation
     logits_chunk: int = 0  # positions whose logits are made at once (0: the whole sequence)
+    temperature: float = 1.0  # the policy is softmax(logits / temperature), as sampled
 
     @property
     def uses_critic(self) -> bool:
@@ -88,6 +89,7 @@ class RLHyper:
             ewc_coef=cfg.curriculum.ewc_coef,
             ewc_decay=cfg.curriculum.ewc_decay,
             logits_chunk=cfg.rl.logits_chunk,
+            temperature=cfg.rollout.temperature or 1.0,  # 0 (greedy rollouts): raw logits
         )
 
 
@@ -114,31 +116,36 @@ class LearnerState:
     ewc_fisher: Any = None
 
 
-def _token_logprobs(policy, hidden, batch: dict, chunk: int):
-    """log-probs and entropies [B, T] of the batch's tokens from the policy's hidden states,
-    the logits made `chunk` positions at a time (0: all at once)."""
+def _token_logprobs(policy, hidden, batch: dict, hp: RLHyper):
+    """log-probs and entropies [B, T] of the batch's tokens from the policy's hidden states
+    under softmax(logits / hp.temperature), the distribution the rollouts sampled from
+    (the rollout's log-probs are taken the same way), the logits made `hp.logits_chunk`
+    positions at a time (0: all at once)."""
     ids, allowed = batch["input_ids"], batch.get("allowed")
-    if chunk:
+    logits = policy.logits
+    if hp.temperature != 1.0:
+        logits = lambda h: policy.logits(h) / hp.temperature  # noqa: E731
+    if hp.logits_chunk:
         return kernels.chunked_next_token_logprobs_and_entropy(
-            hidden, policy.logits, ids, allowed, chunk=chunk)
-    return kernels.next_token_logprobs_and_entropy(policy.logits(hidden), ids, allowed)
+            hidden, logits, ids, allowed, chunk=hp.logits_chunk)
+    return kernels.next_token_logprobs_and_entropy(logits(hidden), ids, allowed)
 
 
-def _forward(model, batch: dict, chunk: int = 0):
+def _forward(model, batch: dict, hp: RLHyper):
     """Aligned per-token outputs: logp, entropy, values [B, T] and the value after the
     last real token [B] (for truncated episodes)."""
     valid = batch["valid"]
     hidden, values = model.hidden_and_values(batch["input_ids"], batch["positions"], valid)
-    logp, ent = _token_logprobs(model.policy, hidden, batch, chunk)
+    logp, ent = _token_logprobs(model.policy, hidden, batch, hp)
     last = jnp.maximum(valid.sum(axis=1) - 1, 0)
     last_value = jnp.take_along_axis(values, last[:, None], axis=1)[:, 0]
     return logp, ent, kernels.shift_right(values), last_value
 
 
-def _ref_logprobs(ref_graphdef, ref_params, batch, chunk: int = 0):
+def _ref_logprobs(ref_graphdef, ref_params, batch, hp: RLHyper):
     ref = nnx.merge(ref_graphdef, ref_params)
     hidden = ref.hidden_states(batch["input_ids"], batch["positions"], batch["valid"])
-    return _token_logprobs(ref, hidden, batch, chunk)[0]
+    return _token_logprobs(ref, hidden, batch, hp)[0]
 
 
 def _advantages(hp: RLHyper, rewards, values, mask, last_value, group_ids):
@@ -191,12 +198,12 @@ def map_row_chunks(fn, batch: dict, rows_per_chunk: int):
     return jax.tree.map(merge, jax.lax.map(fn, jax.tree.map(split, batch)))
 
 
-def _old_values_and_ref_logprobs(graphdef, ref_graphdef, params, ref_params, chunk: int,
+def _old_values_and_ref_logprobs(graphdef, ref_graphdef, params, ref_params, hp: RLHyper,
                                  rows: dict):
     """Per row: old values [b, T], the value after the last real token [b] and the
     reference log-probs [b, T]."""
-    _, _, values, last_value = _forward(nnx.merge(graphdef, params), rows, chunk)
-    return values, last_value, _ref_logprobs(ref_graphdef, ref_params, rows, chunk)
+    _, _, values, last_value = _forward(nnx.merge(graphdef, params), rows, hp)
+    return values, last_value, _ref_logprobs(ref_graphdef, ref_params, rows, hp)
 
 
 def prepare(
@@ -215,8 +222,7 @@ def prepare(
     whole batch (groups, whitening) and come after.
     """
     forward = functools.partial(
-        _old_values_and_ref_logprobs, graphdef, ref_graphdef, state.params, state.ref_params,
-        hp.logits_chunk,
+        _old_values_and_ref_logprobs, graphdef, ref_graphdef, state.params, state.ref_params, hp
     )
     rows = batch["input_ids"].shape[0]
     inputs = {k: batch[k] for k in ("input_ids", "positions", "valid", "allowed") if k in batch}
@@ -244,9 +250,9 @@ def prepare(
     return extras, metrics
 
 
-def episode_logprobs(graphdef, params, rows: dict, chunk: int = 0):
+def episode_logprobs(graphdef, params, rows: dict, hp: RLHyper = RLHyper()):
     """Summed log-likelihood of each row's action tokens under the policy: [b]."""
-    logp, _, _, _ = _forward(nnx.merge(graphdef, params), rows, chunk)
+    logp, _, _, _ = _forward(nnx.merge(graphdef, params), rows, hp)
     return (logp * rows["action_mask"]).sum(axis=1)
 
 
@@ -254,7 +260,7 @@ def loss_fn(hp: RLHyper, graphdef, params, mb: dict, kl_coef, policy_coef, ewc_s
     """Scalar loss and its metrics on one micro-batch (arrays [b, T]); `ewc_state`:
     (anchor, fisher) of the EWC penalty, or None."""
     model = nnx.merge(graphdef, params)
-    logp, ent, values, _ = _forward(model, mb, hp.logits_chunk)
+    logp, ent, values, _ = _forward(model, mb, hp)
     mask = mb["action_mask"]
     pg, pg_metrics = kernels.ppo_policy_loss(
         logp,
@@ -391,7 +397,7 @@ def consolidate(hp: RLHyper, graphdef, state: LearnerState, batch: dict) -> Lear
     """EWC at the end of a stage: the Fisher of the policy on `batch` (the stage's episodes)
     joins the earlier ones (`hp.ewc_decay`) and the current parameters become the anchor."""
     fisher = ewc.diagonal_fisher(
-        functools.partial(episode_logprobs, graphdef, chunk=hp.logits_chunk), state.params, batch)
+        functools.partial(episode_logprobs, graphdef, hp=hp), state.params, batch)
     return dataclasses.replace(
         state,
         ewc_anchor=jax.tree.map(jnp.copy, state.params),

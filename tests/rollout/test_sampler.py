@@ -88,12 +88,12 @@ def test_logprobs_equal_a_teacher_forced_forward(checkpoint, params, max_new):
                                              result.sampling_logprobs,
                                              teacher_forced_logits(model, rows)):
         steps = logits[len(prompt) - 1:-1]  # the logits that predicted each new token
-        raw = log_softmax(steps)[np.arange(len(toks)), toks]
-        np.testing.assert_allclose(lp, raw, atol=1e-5)
+        scale = 1.0 if params.greedy else params.temperature
+        tempered = log_softmax(steps / scale)[np.arange(len(toks)), toks]
+        np.testing.assert_allclose(lp, tempered, atol=1e-5)
         if params.greedy:
             assert toks == list(steps.argmax(-1)) and slp == [0.0] * len(toks)
-        else:
-            tempered = log_softmax(steps / params.temperature)[np.arange(len(toks)), toks]
+        else:  # no top-k / top-p: the sampled distribution is the tempered policy
             np.testing.assert_allclose(slp, tempered, atol=1e-5)
 
 
@@ -143,7 +143,7 @@ def test_ids_past_sample_vocab_are_never_drawn(checkpoint):
     rows = [p + t for p, t in zip(PROMPTS, result.tokens)]
     for prompt, toks, lp, logits in zip(PROMPTS, result.tokens, result.logprobs,
                                         teacher_forced_logits(model, rows)):
-        steps = logits[len(prompt) - 1:-1]  # raw log-probs stay over the whole vocabulary
+        steps = logits[len(prompt) - 1:-1] / 3.0  # policy log-probs: the whole vocabulary
         np.testing.assert_allclose(lp, log_softmax(steps)[np.arange(len(toks)), toks],
                                    atol=1e-5)
 
@@ -253,11 +253,12 @@ if __name__ == "__main__":
     _child()
 
 
-@pytest.mark.parametrize("params", [SamplingParams(0.0), SamplingParams(1.0)], ids=str)
+@pytest.mark.parametrize("params", [SamplingParams(0.0), SamplingParams(1.0),
+                                    SamplingParams(1.7)], ids=str)
 def test_constrained_decoding_emits_only_offered_commands(checkpoint, params):
     """Every row ends with exactly one of its commands (or is free when it has none); the
-    raw log-probs are those of the softmax over the allowed ids, and the learner's kernel
-    recomputes the same numbers from the packed trajectory."""
+    log-probs are those of the softmax of logits / temperature over the allowed ids, and
+    the learner's kernel recomputes the same numbers from the packed trajectory."""
     from jaxrl_agents import kernels
     from jaxrl_agents.data import ACTION, PROMPT, Trajectory, pack
 
@@ -284,8 +285,9 @@ def test_constrained_decoding_emits_only_offered_commands(checkpoint, params):
                             info={"choices": [commands[i]]})
                  for i, (p, t, r) in enumerate(zip(prompts, toks, rows))]
         batch = pack(trajs, length_buckets=(32,), choice_width=64)
+        scale = 1.0 if params.greedy else params.temperature
         logits = np.stack([np.pad(x, ((0, 32 - len(x)), (0, 0)))
-                           for x in teacher_forced_logits(model, rows)])
+                           for x in teacher_forced_logits(model, rows)]) / scale
         logp, _ = kernels.next_token_logprobs_and_entropy(logits, batch.input_ids, batch.allowed)
         np.testing.assert_allclose(np.asarray(logp) * batch.action_mask, batch.old_logprobs,
                                    atol=1e-4)

@@ -356,3 +356,23 @@ def test_logits_made_in_chunks_give_the_same_update_and_hold_less_memory():
     for a, b in zip(p_chunk, p_whole):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
     assert temp[1] < 0.5 * temp[0], temp
+
+
+@pytest.mark.parametrize("chunk", [0, 8])
+@pytest.mark.parametrize("temperature", [1.0, 2.5])
+def test_learner_log_probs_are_those_of_the_tempered_policy(temperature, chunk):
+    """Rollouts sampled at temperature tau record log-probs of softmax(logits / tau); the
+    learner must score tokens under the same distribution, or PPO's first ratio is not 1."""
+    ac = tiny_actor_critic()
+    hp = RLHyper(estimator="gae", temperature=temperature, logits_chunk=chunk)
+    learner = RLLearner(ac, hp, optax.adam(1e-3), ppo_epochs=1, minibatch_size=8)
+    state = learner.init_state(ac)
+    batch = random_batch(4)
+    arrays = {k: jnp.asarray(v) for k, v in batch.as_dict().items()}
+    extras, _ = learner._prepare(state, arrays, jnp.float32(0.0), None)
+    logits = np.asarray(ac.policy(arrays["input_ids"], arrays["positions"], arrays["valid"]))
+    logp = jax.nn.log_softmax(logits[:, :-1] / temperature, axis=-1)
+    expected = np.take_along_axis(np.asarray(logp), batch.input_ids[:, 1:, None], -1)[..., 0]
+    mask = batch.action_mask[:, 1:]
+    np.testing.assert_allclose(np.asarray(extras["ref_logprobs"])[:, 1:] * mask,
+                               expected * mask, atol=1e-5)
