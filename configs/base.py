@@ -55,7 +55,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.rollout = ml_collections.ConfigDict()
     c.rollout.episodes_per_batch = 32  # episodes collected in lock-step per update
     c.rollout.group_size = 1  # samples per task instance (RLOO / GRPO groups)
-    c.rollout.temperature = 1.0  # sampling temperature (0 = greedy)
+    c.rollout.temperature = 1.0  # sampling temperature (0 = greedy); RL trains softmax(logits/T)
     c.rollout.top_p = 1.0  # nucleus sampling mass
     c.rollout.top_k = 0  # top-k sampling (0 = off)
     c.rollout.max_action_tokens = 16  # an action is cut after this many tokens
