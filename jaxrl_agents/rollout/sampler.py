@@ -88,6 +88,11 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    @property
+    def policy_temperature(self) -> float:
+        """T of the policy softmax(logits / T) whose log-probs are recorded (1 when greedy)."""
+        return 1.0 if self.greedy else self.temperature
+
 
 def filter_logits(logits_bv, params: SamplingParams):
     """Temperature-scaled logits with tokens outside top-k / top-p set to -inf. [B, V] f32."""
@@ -118,8 +123,7 @@ def sample_tokens(logits_bv, key, params: SamplingParams, allowed_v=None, constr
     """
     if constraint_bv is not None:
         logits_bv = jnp.where(constraint_bv, logits_bv, _NEG_INF)
-    scale = 1.0 if params.greedy else params.temperature
-    raw = jax.nn.log_softmax(logits_bv.astype(jnp.float32) / scale, axis=-1)
+    raw = jax.nn.log_softmax(logits_bv.astype(jnp.float32) / params.policy_temperature, axis=-1)
     if allowed_v is not None:
         logits_bv = jnp.where(allowed_v[None, :], logits_bv, _NEG_INF)
     if params.greedy:

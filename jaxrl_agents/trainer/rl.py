@@ -89,7 +89,8 @@ class RLHyper:
             ewc_coef=cfg.curriculum.ewc_coef,
             ewc_decay=cfg.curriculum.ewc_decay,
             logits_chunk=cfg.rl.logits_chunk,
-            temperature=cfg.rollout.temperature or 1.0,  # 0 (greedy rollouts): raw logits
+            # as SamplingParams.policy_temperature: 0 (greedy rollouts) means raw logits
+            temperature=cfg.rollout.temperature or 1.0,
         )
 
 

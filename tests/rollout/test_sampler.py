@@ -88,8 +88,7 @@ def test_logprobs_equal_a_teacher_forced_forward(checkpoint, params, max_new):
                                              result.sampling_logprobs,
                                              teacher_forced_logits(model, rows)):
         steps = logits[len(prompt) - 1:-1]  # the logits that predicted each new token
-        scale = 1.0 if params.greedy else params.temperature
-        tempered = log_softmax(steps / scale)[np.arange(len(toks)), toks]
+        tempered = log_softmax(steps / params.policy_temperature)[np.arange(len(toks)), toks]
         np.testing.assert_allclose(lp, tempered, atol=1e-5)
         if params.greedy:
             assert toks == list(steps.argmax(-1)) and slp == [0.0] * len(toks)
@@ -138,12 +137,13 @@ def test_top_k_top_p_never_emit_an_excluded_token(checkpoint, top_k, top_p):
 def test_ids_past_sample_vocab_are_never_drawn(checkpoint):
     model, *_ = checkpoint
     sampler = Sampler(model, sample_vocab=10)
-    result = sampler.generate(PROMPTS, MAX_NEW, SamplingParams(3.0), jax.random.key(5))
+    params = SamplingParams(3.0)
+    result = sampler.generate(PROMPTS, MAX_NEW, params, jax.random.key(5))
     assert max(max(t) for t in result.tokens) < 10
     rows = [p + t for p, t in zip(PROMPTS, result.tokens)]
     for prompt, toks, lp, logits in zip(PROMPTS, result.tokens, result.logprobs,
                                         teacher_forced_logits(model, rows)):
-        steps = logits[len(prompt) - 1:-1] / 3.0  # policy log-probs: the whole vocabulary
+        steps = logits[len(prompt) - 1:-1] / params.temperature  # over the whole vocabulary
         np.testing.assert_allclose(lp, log_softmax(steps)[np.arange(len(toks)), toks],
                                    atol=1e-5)
 
@@ -285,9 +285,8 @@ def test_constrained_decoding_emits_only_offered_commands(checkpoint, params):
                             info={"choices": [commands[i]]})
                  for i, (p, t, r) in enumerate(zip(prompts, toks, rows))]
         batch = pack(trajs, length_buckets=(32,), choice_width=64)
-        scale = 1.0 if params.greedy else params.temperature
         logits = np.stack([np.pad(x, ((0, 32 - len(x)), (0, 0)))
-                           for x in teacher_forced_logits(model, rows)]) / scale
+                           for x in teacher_forced_logits(model, rows)]) / params.policy_temperature
         logp, _ = kernels.next_token_logprobs_and_entropy(logits, batch.input_ids, batch.allowed)
         np.testing.assert_allclose(np.asarray(logp) * batch.action_mask, batch.old_logprobs,
                                    atol=1e-4)
