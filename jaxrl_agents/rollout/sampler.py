@@ -53,7 +53,8 @@ CACHE_BUCKETS = (128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 81
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 CHOICE_BUCKETS = (8, 16, 32, 64, 128, 256)  # commands offered per row (constrained decoding)
 # Attention reads the smallest of up to 4 cache prefixes (S, S/2, S/4, S/8, none under
-# 128 slots) that holds the filled slots (`cached_attention`).
+# 128 slots) that holds the filled slots: a prefill picks one (`cached_attention`), the
+# decode loop runs in phases, one per prefix (`_extend`).
 ATTENTION_PREFIXES, MIN_ATTENTION_PREFIX = 4, 128
 DEFAULT_CHOICE_WIDTH = 64  # a step with more distinct candidate ids is not constrained
 _NEG_INF = -jnp.inf
@@ -297,10 +298,12 @@ def decode_weights(block, dtype) -> DecodeWeights:
         gate_up.T.astype(dtype), mlp.down_proj[...].T.astype(dtype))
 
 
-def _block_step(cfg, w: DecodeWeights, x_btd, cos, sin, mask_bts, kv, cache_index):
+def _block_step(cfg, w: DecodeWeights, x_btd, cos, sin, mask_bts, kv, cache_index,
+                prefixes: bool):
     """What the model's `Block` computes, with `DecodeWeights`, on the sampler's cache
     (keys [B, K, H, S], values [B, K, S, H]): writes this call's keys and values at slots
-    [cache_index, cache_index + T) and attends over all slots."""
+    [cache_index, cache_index + T) and attends over the filled prefix (`cached_attention`)
+    when `prefixes`, else over all S slots."""
     b, t, _ = x_btd.shape
     n, k, h = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     qkv = rms_norm(x_btd, w.input_norm, cfg.rms_norm_eps) @ w.qkv + w.qkv_bias
@@ -311,7 +314,10 @@ def _block_step(cfg, w: DecodeWeights, x_btd, cos, sin, mask_bts, kv, cache_inde
         k_cache, k_new.transpose(0, 2, 3, 1).astype(k_cache.dtype), (0, 0, 0, cache_index))
     v_cache = jax.lax.dynamic_update_slice(
         v_cache, v_new.transpose(0, 2, 1, 3).astype(v_cache.dtype), (0, 0, cache_index, 0))
-    attn = cached_attention(q, k_cache, v_cache, mask_bts, used=cache_index + t)
+    if prefixes:
+        attn = cached_attention(q, k_cache, v_cache, mask_bts, used=cache_index + t)
+    else:
+        attn = _attention(q, k_cache, v_cache, mask_bts)
     x_btd = x_btd + attn.reshape(b, t, n * h) @ w.o
     gate, up = jnp.split(rms_norm(x_btd, w.post_attn_norm, cfg.rms_norm_eps) @ w.gate_up, 2,
                          axis=-1)
@@ -320,10 +326,11 @@ def _block_step(cfg, w: DecodeWeights, x_btd, cos, sin, mask_bts, kv, cache_inde
 
 
 def _forward(model, weights, ids_bt, positions_bt, cache: LayerCache, cache_index,
-             cache_mask_bs):
+             cache_mask_bs, prefixes: bool = True):
     """What `Transformer.forward_with_cache` computes, on the sampler's per-layer cache and
     the layers' `DecodeWeights`: query t sees slot s when cache_mask[b, s] and
-    s <= cache_index + t. Returns (float32 logits [B, T, V], cache)."""
+    s <= cache_index + t. `prefixes`: as in `_block_step`.
+    Returns (float32 logits [B, T, V], cache)."""
     cfg = model.config
     t, s = ids_bt.shape[1], cache_mask_bs.shape[1]
     causal = jnp.arange(s)[None, :] <= (cache_index + jnp.arange(t))[:, None]  # (T, S)
@@ -332,7 +339,7 @@ def _forward(model, weights, ids_bt, positions_bt, cache: LayerCache, cache_inde
     cos, sin = rope_tables(positions_bt, cfg.head_dim, cfg.rope_theta)
     new_cache = []
     for w, kv in zip(weights, cache):
-        x, kv = _block_step(cfg, w, x, cos, sin, mask, kv, cache_index)
+        x, kv = _block_step(cfg, w, x, cos, sin, mask, kv, cache_index, prefixes)
         new_cache.append(kv)
     return model.logits(model.final_norm(x)), tuple(new_cache)
 
@@ -389,16 +396,36 @@ def _extend(graphdef, params, cache, cache_mask, cache_index, chunk_ids, chunk_m
         slot = cache_index + p + i
         cache_mask = jax.lax.dynamic_update_slice(cache_mask, live[:, None], (0, slot))
         logits, cache = _forward(model, weights, tok[:, None], lengths[:, None], cache, slot,
-                                 cache_mask)
+                                 cache_mask, prefixes=False)
         lengths = lengths + live.astype(jnp.int32)
         done = done | (live & stop_table[tok]) | (i + 1 >= max_new)
         return (i + 1, logits[:, -1], cache, cache_mask, lengths, done, key, toks, lp_raw,
                 lp_samp, alive)
 
+    def phase(carry, n):
+        """The decode steps whose slot is below n, run on the cache's first n slots."""
+        i, logits, cache, cache_mask, *rest = carry
+        head = tuple((k[..., :n], v[:, :, :n]) for k, v in cache)
+        head_carry = (i, logits, head, cache_mask[:, :n], *rest)
+        i, logits, head, head_mask, *rest = jax.lax.while_loop(
+            lambda c: cond(c) & (cache_index + p + c[0] < n), body, head_carry)
+        cache = tuple((jax.lax.dynamic_update_slice(k, hk, (0, 0, 0, 0)),
+                       jax.lax.dynamic_update_slice(v, hv, (0, 0, 0, 0)))
+                      for (k, v), (hk, hv) in zip(cache, head))
+        cache_mask = jax.lax.dynamic_update_slice(cache_mask, head_mask, (0, 0))
+        return (i, logits, cache, cache_mask, *rest)
+
     zeros = jnp.zeros((b, max_new), jnp.float32)
     carry = (jnp.int32(0), logits[:, -1], cache, cache_mask, lengths, done, key,
              jnp.zeros((b, max_new), jnp.int32), zeros, zeros,
              jnp.zeros((b, 0), bool) if choice_ids is None else choice_ids[:, :, 0] >= 0)
+    # Decode in phases over growing cache prefixes (`_prefix_sizes`): a step reads only the
+    # prefix it writes into, and a prefix is cut and written back once per phase rather than
+    # at every step. A phase that holds no step is skipped.
+    *smaller, _ = _prefix_sizes(cache_mask.shape[1])
+    for n in smaller:
+        carry = jax.lax.cond(cond(carry) & (cache_index + p + carry[0] < n),
+                             functools.partial(phase, n=n), lambda c: c, carry)
     steps, _, cache, cache_mask, lengths_out, _, _, toks, lp_raw, lp_samp, _ = jax.lax.while_loop(
         cond, body, carry)
     counts = lengths_out - lengths
