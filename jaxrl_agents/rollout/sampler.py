@@ -16,7 +16,10 @@ updates each in place (a stacked `KVCache` would be copied whole at every token)
 stored [B, K, H, S] and values [B, K, S, H]: both attention matmuls then run along
 contiguous memory (slots for the scores, head dims for the output) and read the cache as it
 is stored (`cached_attention`); with keys stored [B, K, S, H] the decode step's score
-matmul took ~40% of its time on this CPU (bench/rollout.py). Each layer runs from its
+matmul took ~40% of its time on this CPU (bench/rollout.py). The decode loop runs in
+phases over growing prefixes of the cache (S/8, S/4, S/2, S; none under 128 slots): each
+phase reads and writes only its prefix, cut from the cache once when the phase starts and
+written back once when it ends. Each layer runs from its
 `Block`'s own parameters, joined once per call into `DecodeWeights`, with the model's
 `rms_norm` and `apply_rope`; the sampler's log-probs equal the model's teacher-forced ones
 (tests/rollout/test_sampler.py).
