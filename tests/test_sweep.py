@@ -223,6 +223,32 @@ def test_the_alfworld_mix_sweep_tests_both_arms_on_every_type(tmp_path):
     assert all(len(t) == 6 and n == 66 for _, t, n in mix)
 
 
+def test_the_curriculum_sweep_tests_both_arms_on_w4_o6_q8(tmp_path):
+    """Claim 1: direct training on w4-o6-q8 vs a curriculum from w2-o3-q4, two seeds each;
+    both arms hold the 100 held-out w4-o6-q8 games, fit 16-step episodes in the context and
+    split each minibatch into micro-batches."""
+    from jaxrl_agents.trainer.setup import EnvLayout
+
+    sweep = sweep_lib.load_sweep("configs/sweeps/textworld_curriculum.py")
+    sweep_lib.validate(sweep, str(tmp_path))
+    arms = {}
+    for run in sweep.runs:
+        _, overrides, _ = split_config_args(sweep_lib.train_args(sweep, run, str(tmp_path)))
+        cfg = load_config(sweep.config, overrides)
+        groups = EnvLayout(cfg).groups
+        target = "textworld:w4-o6-q8"
+        assert target in groups and len(groups[target].eval_ids) == 100, run.name
+        assert cfg.env.max_steps == 16 and cfg.rollout.max_context == 4096, run.name
+        assert max(cfg.rollout.length_buckets) == cfg.rollout.max_context, run.name
+        assert cfg.rl.minibatch_size // cfg.rl.grad_accum == 4, run.name
+        assert cfg.rl.epochs * cfg.rl.episodes_per_epoch // cfg.rollout.episodes_per_batch == 12
+        arms.setdefault(run.name.split(",")[0], []).append((cfg.seed, sorted(groups)))
+    direct, curriculum = arms.pop("direct"), arms.pop("curriculum")
+    assert not arms and [d[0] for d in direct] == [c[0] for c in curriculum] == [0, 1]
+    assert all(g == ["textworld:w4-o6-q8"] for _, g in direct)
+    assert all(g == ["textworld:w2-o3-q4", "textworld:w4-o6-q8"] for _, g in curriculum)
+
+
 def test_dry_run_tells_what_each_run_would_do(tmp_path, capsys):
     spec = {"name": "s", "config": TOY, "runs": [{"name": n} for n in ("a", "b", "c")]}
     path = _write_sweep(tmp_path, spec)
