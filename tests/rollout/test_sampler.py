@@ -194,6 +194,37 @@ def test_incremental_prefill_equals_reencoding_the_history(checkpoint):
     assert state.slots > 32  # the cache grew past its first bucket
 
 
+def test_turns_that_start_in_later_cache_phases_match_a_full_forward(checkpoint):
+    """A 512-slot cache decodes in phases over its first 128, 256 and 512 slots. Turn one
+    decodes from slot 96 across 128; turn two starts at slot 220 (the 128-slot phase is
+    skipped) and crosses 256. Every sampled token and log-prob must be those of one full
+    forward pass over the whole history."""
+    model, *_ = checkpoint
+    sampler = Sampler(model, cache_buckets=(512,), prefill_buckets=(8, 16, 32, 64, 96))
+    params = SamplingParams(0.0)
+    rng = np.random.default_rng(5)
+    turns = [[rng.integers(1, VOCAB, 90).tolist(), rng.integers(1, VOCAB, 60).tolist()],
+             [rng.integers(1, VOCAB, 50).tolist(), rng.integers(1, VOCAB, 20).tolist()]]
+    state = sampler.new_state(2, 16)
+    history, starts = [[], []], []
+    for turn in turns:
+        starts.append(state.cache_index)
+        state, out = sampler.extend(state, turn, 60, params, None)
+        assert out.num_tokens.tolist() == [60, 60]
+        logits = teacher_forced_logits(model, [h + c + out.tokens[r].tolist()
+                                               for r, (h, c) in enumerate(zip(history, turn))])
+        for row in range(2):
+            toks = out.tokens[row].tolist()
+            seen = len(history[row]) + len(turn[row])
+            steps = logits[row][seen - 1:-1]
+            assert toks == list(steps.argmax(-1))
+            np.testing.assert_allclose(out.logprobs[row], log_softmax(steps)[np.arange(60), toks],
+                                       atol=1e-5)
+            history[row] += turn[row] + toks
+    assert state.slots == 512 and starts == [0, 156]
+    assert state.cache_index == 280  # turn two: prefill 156-219, decode 220-279
+
+
 def test_bucket_and_errors(checkpoint):
     assert [bucket(n, (16, 32)) for n in (1, 16, 17, 33, 70)] == [16, 16, 32, 64, 96]
     assert bucket(3, (1, 2, 4, 8), multiple=8) == 8
