@@ -201,17 +201,23 @@ def test_the_console_script_prints_the_repo_sweeps(tmp_path):
     }
 
 
+def _run_configs(path, tmp_path):
+    """(run, its loaded config) for every run of the repo sweep at `path`, after the
+    sweep's own validation, built from the exact arguments `jaxrl-train` would get."""
+    sweep = sweep_lib.load_sweep(path)
+    sweep_lib.validate(sweep, str(tmp_path))
+    for run in sweep.runs:
+        _, overrides, _ = split_config_args(sweep_lib.train_args(sweep, run, str(tmp_path)))
+        yield run, load_config(sweep.config, overrides)
+
+
 def test_the_alfworld_mix_sweep_tests_both_arms_on_every_type(tmp_path):
     """Single type vs a mix of the six, two seeds each; every run's layout holds the 50
     held-out games of all six types, and trains on one type or on all six."""
     from jaxrl_agents.trainer.setup import EnvLayout
 
-    sweep = sweep_lib.load_sweep("configs/sweeps/alfworld_mix.py")
-    sweep_lib.validate(sweep, str(tmp_path))
     arms = {}
-    for run in sweep.runs:
-        _, overrides, _ = split_config_args(sweep_lib.train_args(sweep, run, str(tmp_path)))
-        cfg = load_config(sweep.config, overrides)
+    for run, cfg in _run_configs("configs/sweeps/alfworld_mix.py", tmp_path):
         layout = EnvLayout(cfg)
         assert len(layout.groups) == 6, run.name
         assert all(len(g.eval_ids) == 50 for g in layout.groups.values()), run.name
@@ -229,12 +235,8 @@ def test_the_curriculum_sweep_tests_both_arms_on_w4_o6_q8(tmp_path):
     split each minibatch into micro-batches."""
     from jaxrl_agents.trainer.setup import EnvLayout
 
-    sweep = sweep_lib.load_sweep("configs/sweeps/textworld_curriculum.py")
-    sweep_lib.validate(sweep, str(tmp_path))
     arms = {}
-    for run in sweep.runs:
-        _, overrides, _ = split_config_args(sweep_lib.train_args(sweep, run, str(tmp_path)))
-        cfg = load_config(sweep.config, overrides)
+    for run, cfg in _run_configs("configs/sweeps/textworld_curriculum.py", tmp_path):
         groups = EnvLayout(cfg).groups
         target = "textworld:w4-o6-q8"
         assert target in groups and len(groups[target].eval_ids) == 100, run.name

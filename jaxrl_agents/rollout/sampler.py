@@ -405,13 +405,17 @@ def _extend(graphdef, params, cache, cache_mask, cache_index, chunk_ids, chunk_m
         return (i + 1, logits[:, -1], cache, cache_mask, lengths, done, key, toks, lp_raw,
                 lp_samp, alive)
 
+    def in_phase(carry, n):
+        """The next decode step is due and its slot is below n."""
+        return cond(carry) & (cache_index + p + carry[0] < n)
+
     def phase(carry, n):
         """The decode steps whose slot is below n, run on the cache's first n slots."""
         i, logits, cache, cache_mask, *rest = carry
         head = tuple((k[..., :n], v[:, :, :n]) for k, v in cache)
         head_carry = (i, logits, head, cache_mask[:, :n], *rest)
         i, logits, head, head_mask, *rest = jax.lax.while_loop(
-            lambda c: cond(c) & (cache_index + p + c[0] < n), body, head_carry)
+            functools.partial(in_phase, n=n), body, head_carry)
         cache = tuple((jax.lax.dynamic_update_slice(k, hk, (0, 0, 0, 0)),
                        jax.lax.dynamic_update_slice(v, hv, (0, 0, 0, 0)))
                       for (k, v), (hk, hv) in zip(cache, head))
@@ -427,8 +431,8 @@ def _extend(graphdef, params, cache, cache_mask, cache_index, chunk_ids, chunk_m
     # at every step. A phase that holds no step is skipped.
     *smaller, _ = _prefix_sizes(cache_mask.shape[1])
     for n in smaller:
-        carry = jax.lax.cond(cond(carry) & (cache_index + p + carry[0] < n),
-                             functools.partial(phase, n=n), lambda c: c, carry)
+        carry = jax.lax.cond(in_phase(carry, n), functools.partial(phase, n=n), lambda c: c,
+                             carry)
     steps, _, cache, cache_mask, lengths_out, _, _, toks, lp_raw, lp_samp, _ = jax.lax.while_loop(
         cond, body, carry)
     counts = lengths_out - lengths
