@@ -1,5 +1,9 @@
 """Token-level GAE: our jitted kernel against per-token loops like the peers use.
 
+`ours` is `kernels.gae` as the trainer calls it: on CPU the C++ kernel of
+`kernels.native` when it built, else the pure-JAX scan; the scan is timed as well
+(`ours, scan`), so both paths of the kernel are on record.
+
 Peers, measured in the same run on the same inputs:
   numpy-loop: the paper's style: per episode, a Python loop over its tokens on NumPy
               scalars (made correct: masked, and the last action token included);
@@ -20,7 +24,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.common import copy_bandwidth_gbs, median_seconds, table  # noqa: E402
-from jaxrl_agents.kernels import gae  # noqa: E402
+from jaxrl_agents.kernels import gae, native  # noqa: E402
+from jaxrl_agents.kernels.gae import _gae_scan  # noqa: E402
 
 GAMMA, LAM, BATCH = 0.99, 0.95, 64
 BYTES_PER_TOKEN = 5 * 4
@@ -97,6 +102,8 @@ def main():
         f"measured copy bandwidth: {bandwidth:.1f} GB/s -> bound "
         f"{bandwidth * 1e9 / BYTES_PER_TOKEN / 1e6:.0f} M tokens/s at {BYTES_PER_TOKEN} B/token"
     )
+    print(f"ours = {'C++ kernel (kernels.native)' if native.available() else 'lax.scan'}")
+    scan = jax.jit(lambda r, v, m: _gae_scan(r, v, m, jax.numpy.zeros(r.shape[0]), GAMMA, LAM))
     rows = []
     for length in (1024, 4096, 16384):
         r, v, m = make_inputs(length)
@@ -104,7 +111,9 @@ def main():
         rt, vt, mt = (torch.from_numpy(x) for x in (r, v, m))
 
         ours = lambda: jax.block_until_ready(gae(rj, vj, mj, GAMMA, LAM))  # noqa: B023
+        ours_scan = lambda: jax.block_until_ready(scan(rj, vj, mj))  # noqa: B023
         adv_ours, _ = ours()
+        np.testing.assert_allclose(ours_scan()[0], adv_ours, rtol=1e-4, atol=1e-4)
         adv_np, _ = numpy_loop(r, v, m)
         adv_pt, _ = torch_loop(rt, vt, mt)
         adv_nb, _ = numpy_batch_loop(r, v, m)
@@ -114,6 +123,7 @@ def main():
 
         tokens = BATCH * length
         t_ours = median_seconds(ours, repeats=7, min_time=0.2)
+        t_scan = median_seconds(ours_scan, repeats=7, min_time=0.2)
         reps = 3 if length <= 4096 else 1
         t_np = median_seconds(lambda: numpy_loop(r, v, m), repeats=1, warmup=0)  # noqa: B023
         t_nb = median_seconds(lambda: numpy_batch_loop(r, v, m), repeats=reps, warmup=0)  # noqa: B023
@@ -123,6 +133,7 @@ def main():
             [
                 length,
                 f"{tokens / t_ours / 1e6:.1f}M",
+                f"{tokens / t_scan / 1e6:.1f}M",
                 f"{tokens / t_np / 1e6:.2f}M",
                 f"{tokens / t_nb / 1e6:.2f}M",
                 f"{tokens / t_pt / 1e6:.2f}M",
@@ -135,6 +146,7 @@ def main():
     headers = [
         "T",
         "ours tok/s",
+        "ours, scan",
         "numpy-loop",
         "numpy-batch",
         "torch-loop",

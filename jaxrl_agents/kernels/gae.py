@@ -14,12 +14,13 @@ so for a terminal episode the last action token gets A = r - V.
 import jax
 import jax.numpy as jnp
 
+from jaxrl_agents.kernels import native
 from jaxrl_agents.kernels.scan import fill_backward, fill_forward, reverse_linear_recurrence
 
 
 @jax.jit
 def gae(rewards, values, mask, gamma, lam, *, last_value=None):
-    """Token-level GAE, one reverse scan over time carrying (V[s'], A[s']).
+    """Token-level GAE, one reverse pass over time carrying (V[s'], A[s']).
 
     Args:
       rewards: [B, T] float; the reward of a turn sits on its last action token.
@@ -29,10 +30,25 @@ def gae(rewards, values, mask, gamma, lam, *, last_value=None):
       last_value: [B] value after the last action token (0 = terminal); None means 0.
     Returns:
       (advantages [B, T], returns [B, T]), both 0 where mask == 0.
+
+    On CPU, in float32, the pass is the C++ kernel of `kernels.native` when it is built
+    (same recurrence, read in place); elsewhere `_gae_scan`.
     """
     mask = mask.astype(values.dtype)
     batch = values.shape[0]
     next_value = jnp.zeros((batch,), values.dtype) if last_value is None else last_value
+    next_value = next_value.astype(values.dtype)
+    rewards = rewards.astype(values.dtype)
+    if values.dtype != jnp.float32 or not native.available():
+        return _gae_scan(rewards, values, mask, next_value, gamma, lam)
+    return jax.lax.platform_dependent(
+        rewards, values, mask, next_value, gamma, lam,
+        cpu=native.gae_cpu, default=_gae_scan,
+    )
+
+
+def _gae_scan(rewards, values, mask, next_value, gamma, lam):
+    """`gae` as a `lax.scan` over time-major slices (any platform, any float dtype)."""
 
     def step(carry, x):
         next_v, next_adv = carry
@@ -42,7 +58,7 @@ def gae(rewards, values, mask, gamma, lam, *, last_value=None):
         carry = (jnp.where(is_action, v, next_v), jnp.where(is_action, adv, next_adv))
         return carry, adv * m
 
-    init = (next_value.astype(values.dtype), jnp.zeros((batch,), values.dtype))
+    init = (next_value, jnp.zeros_like(next_value))
     _, advantages = jax.lax.scan(step, init, (rewards.T, values.T, mask.T), reverse=True)
     advantages = advantages.T  # (B, T)
     return advantages, (advantages + values) * mask

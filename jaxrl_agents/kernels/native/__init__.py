@@ -1,0 +1,109 @@
+"""CPU kernels in C++, called from jitted code through XLA's FFI.
+
+XLA:CPU runs a scan over the time axis of a [B, T] array as a loop over [B] slices,
+which needs the inputs transposed to time-major and the outputs transposed back; at
+T = 4096 those copies cost as much as the scan. A hand-written loop reads the rows where
+they lie. The source is compiled once per machine with the system's C++ compiler into a
+cache directory (`$JAXRL_CACHE_DIR`, else `~/.cache/jaxrl_agents`) and registered as an
+XLA FFI target for the CPU platform.
+
+Everything here is optional: without a compiler, with `JAXRL_NATIVE_KERNELS=0`, or on
+another platform, `available()` is False and callers use their pure-JAX path.
+"""
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import warnings
+
+import jax
+import jaxlib
+
+_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gae_cpu.cc")
+GAE_TARGET = "jaxrl_gae_f32"
+_FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC")
+
+_lock = threading.Lock()
+_state: dict = {}  # "ok": bool once tried; "error": why not
+
+
+def _cache_dir() -> str:
+    root = os.environ.get("JAXRL_CACHE_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "jaxrl_agents"
+    )
+    return os.path.join(root, "native")
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("clang++")
+
+
+def _library_path(compiler: str) -> str:
+    with open(_SOURCE, "rb") as f:
+        source = f.read()
+    key = hashlib.sha256(
+        b"\0".join([source, compiler.encode(), jaxlib.__version__.encode(),
+                    sys.platform.encode(), " ".join(_FLAGS).encode()])
+    ).hexdigest()[:16]
+    return os.path.join(_cache_dir(), f"gae_cpu-{key}.so")
+
+
+def _build(compiler: str, path: str) -> None:
+    """Compiles the source into `path` (atomically: concurrent processes may race)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=os.path.dirname(path))
+    os.close(fd)
+    try:
+        cmd = [compiler, *_FLAGS, "-I", jax.ffi.include_dir(), _SOURCE, "-o", tmp]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def _load() -> None:
+    if os.environ.get("JAXRL_NATIVE_KERNELS", "1") == "0":
+        raise RuntimeError("disabled by JAXRL_NATIVE_KERNELS=0")
+    compiler = _compiler()
+    if compiler is None:
+        raise RuntimeError("no C++ compiler found (g++ / clang++ / $CXX)")
+    path = _library_path(compiler)
+    if not os.path.exists(path):
+        _build(compiler, path)
+    library = ctypes.cdll.LoadLibrary(path)
+    jax.ffi.register_ffi_target(GAE_TARGET, jax.ffi.pycapsule(library.JaxrlGaeF32),
+                                platform="cpu")
+
+
+def available() -> bool:
+    """True when the CPU kernels are compiled and registered (tried once per process).
+    A failure is reported once as a warning, naming why; callers then fall back."""
+    with _lock:
+        if "ok" not in _state:
+            try:
+                _load()
+                _state["ok"] = True
+            except Exception as e:  # any failure: fall back to pure JAX, say why once
+                _state["ok"], _state["error"] = False, str(e)
+                if os.environ.get("JAXRL_NATIVE_KERNELS", "1") != "0":
+                    warnings.warn(f"native CPU kernels unavailable, using pure JAX: {e}",
+                                  stacklevel=2)
+        return _state["ok"]
+
+
+def gae_cpu(rewards, values, mask, last_value, gamma, lam):
+    """`kernels.gae.gae` on CPU: float32 [B, T] rewards / values / mask, [B] last_value,
+    scalar gamma and lam. Returns (advantages, returns), [B, T] float32 each."""
+    out = jax.ShapeDtypeStruct(rewards.shape, jax.numpy.float32)
+    coefs = jax.numpy.stack([jax.numpy.asarray(gamma, jax.numpy.float32),
+                             jax.numpy.asarray(lam, jax.numpy.float32)])
+    call = jax.ffi.ffi_call(GAE_TARGET, (out, out), vmap_method="sequential")
+    return call(rewards, values, mask, last_value, coefs)
