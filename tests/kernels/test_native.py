@@ -58,6 +58,27 @@ def test_kernel_matches_the_scan_at_benchmark_size():
 
 
 @needs_kernel
+def test_two_large_calls_in_one_jit_both_finish_and_agree():
+    # Large enough to be split over XLA's threads; two independent calls may run at once.
+    rng = np.random.default_rng(1)
+    shape = (32, 4096)
+    rewards, values = (rng.normal(size=shape).astype(np.float32) for _ in range(2))
+    mask = (rng.random(shape) < 0.5).astype(np.float32)
+    zeros = np.zeros(32, np.float32)
+
+    def both(r, v, m):
+        a = native.gae_cpu(r, v, m, zeros, 0.99, 0.95)[0]
+        b = native.gae_cpu(2 * r, v, m, zeros, 0.99, 0.95)[0]
+        return a, b
+
+    a, b = jax.jit(both)(rewards, values, mask)
+    want_a, _ = _gae_scan(rewards, values, mask, zeros, 0.99, 0.95)
+    want_b, _ = _gae_scan(2 * rewards, values, mask, zeros, 0.99, 0.95)
+    np.testing.assert_allclose(a, want_a, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(b, want_b, rtol=1e-4, atol=1e-4)
+
+
+@needs_kernel
 def test_gae_under_vmap_and_with_traced_coefficients():
     rewards, values, mask, last_value = ref.random_batch(5)
     stacked = np.stack([rewards, 2 * rewards])

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <thread>
 
 #include "xla/ffi/api/ffi.h"
@@ -82,7 +83,10 @@ ffi::Error GaeImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> rewards,
   const float* last = last_value.typed_data();
   float *adv = advantages->typed_data(), *ret = returns->typed_data();
 
-  // Large inputs are split by row groups over XLA's intra-op threads (and this one).
+  // Large inputs are split by row groups over XLA's intra-op threads and this one. Each
+  // worker claims parts until none is left, so this thread never waits for a task that
+  // has not started (no deadlock when the pool is busy), and a task that starts late finds
+  // nothing to do; the shared state outlives this call for such a task.
   const int64_t groups = (batch + kLanes - 1) / kLanes;
   int64_t parts = std::min<int64_t>(pool.num_threads() + 1, groups);
   if (batch * length < kMinTokensPerPart * 2) parts = 1;
@@ -90,20 +94,21 @@ ffi::Error GaeImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> rewards,
     GaeRange(r, v, m, last, gamma, gamma_lam, 0, batch, length, adv, ret);
     return ffi::Error::Success();
   }
-  std::atomic<int64_t> pending(parts - 1);
-  auto part_rows = [&](int64_t p) {
-    const int64_t begin = std::min(batch, (groups * p / parts) * kLanes);
-    const int64_t end = std::min(batch, (groups * (p + 1) / parts) * kLanes);
-    GaeRange(r, v, m, last, gamma, gamma_lam, begin, end, length, adv, ret);
+  struct Work {
+    std::atomic<int64_t> next{0}, done{0};
   };
-  for (int64_t p = 1; p < parts; ++p) {
-    pool.Schedule([&, p] {
-      part_rows(p);
-      pending.fetch_sub(1, std::memory_order_release);
-    });
-  }
-  part_rows(0);
-  while (pending.load(std::memory_order_acquire) > 0) std::this_thread::yield();
+  auto work = std::make_shared<Work>();
+  auto worker = [=] {
+    for (int64_t p; (p = work->next.fetch_add(1)) < parts;) {
+      const int64_t begin = std::min(batch, (groups * p / parts) * kLanes);
+      const int64_t end = std::min(batch, (groups * (p + 1) / parts) * kLanes);
+      GaeRange(r, v, m, last, gamma, gamma_lam, begin, end, length, adv, ret);
+      work->done.fetch_add(1, std::memory_order_release);
+    }
+  };
+  for (int64_t p = 1; p < parts; ++p) pool.Schedule(decltype(worker)(worker));
+  worker();
+  while (work->done.load(std::memory_order_acquire) < parts) std::this_thread::yield();
   return ffi::Error::Success();
 }
 
