@@ -4,8 +4,8 @@ XLA:CPU runs a scan over the time axis of a [B, T] array as a loop over [B] slic
 which needs the inputs transposed to time-major and the outputs transposed back; at
 T = 4096 those copies cost as much as the scan. A hand-written loop reads the rows where
 they lie. The source is compiled once per machine with the system's C++ compiler into a
-cache directory (`$JAXRL_CACHE_DIR`, else `~/.cache/jaxrl_agents`) and registered as an
-XLA FFI target for the CPU platform.
+cache directory (`$JAXRL_CACHE/native`, else `~/.cache/jaxrl_agents/native`: the root
+the generated games use) and registered as an XLA FFI target for the CPU platform.
 
 Everything here is optional: without a compiler, with `JAXRL_NATIVE_KERNELS=0`, or on
 another platform, `available()` is False and callers use their pure-JAX path.
@@ -33,7 +33,7 @@ _state: dict = {}  # "ok": bool once tried; "error": why not
 
 
 def _cache_dir() -> str:
-    root = os.environ.get("JAXRL_CACHE_DIR") or os.path.join(
+    root = os.environ.get("JAXRL_CACHE") or os.path.join(
         os.path.expanduser("~"), ".cache", "jaxrl_agents"
     )
     return os.path.join(root, "native")
