@@ -8,7 +8,6 @@ are sharded over 8 host devices (run as a child process: `__main__` below).
 
 import json
 import os
-import shutil
 import sys
 
 import jax
@@ -20,8 +19,16 @@ from jaxrl_agents.kernels import native
 from jaxrl_agents.kernels.gae import _gae_scan, gae
 from tests.kernels import references as ref
 
-HAS_COMPILER = bool(os.environ.get("CXX") or shutil.which("g++") or shutil.which("clang++"))
-needs_kernel = pytest.mark.skipif(not HAS_COMPILER, reason="no C++ compiler on this machine")
+needs_kernel = pytest.mark.skipif(native._compiler() is None,
+                                  reason="no C++ compiler on this machine")
+
+
+def _large_batch(seed, rows, action_share):
+    """Random float32 rewards, values [rows, 4096] and a mask with `action_share` ones."""
+    rng = np.random.default_rng(seed)
+    shape = (rows, 4096)
+    rewards, values = (rng.normal(size=shape).astype(np.float32) for _ in range(2))
+    return rewards, values, (rng.random(shape) < action_share).astype(np.float32)
 
 
 @needs_kernel
@@ -46,11 +53,8 @@ def test_kernel_matches_the_numpy_loop(batch, truncated):
 
 @needs_kernel
 def test_kernel_matches_the_scan_at_benchmark_size():
-    rng = np.random.default_rng(0)
-    shape = (64, 4096)
-    rewards, values = (rng.normal(size=shape).astype(np.float32) for _ in range(2))
-    mask = (rng.random(shape) < 0.3).astype(np.float32)
-    last_value = rng.normal(size=64).astype(np.float32)
+    rewards, values, mask = _large_batch(0, 64, 0.3)
+    last_value = np.random.default_rng(0).normal(size=64).astype(np.float32)
     got = jax.jit(native.gae_cpu)(rewards, values, mask, last_value, 0.99, 0.95)
     want = jax.jit(_gae_scan)(rewards, values, mask, last_value, 0.99, 0.95)
     for g, w in zip(got, want):
@@ -60,10 +64,7 @@ def test_kernel_matches_the_scan_at_benchmark_size():
 @needs_kernel
 def test_two_large_calls_in_one_jit_both_finish_and_agree():
     # Large enough to be split over XLA's threads; two independent calls may run at once.
-    rng = np.random.default_rng(1)
-    shape = (32, 4096)
-    rewards, values = (rng.normal(size=shape).astype(np.float32) for _ in range(2))
-    mask = (rng.random(shape) < 0.5).astype(np.float32)
+    rewards, values, mask = _large_batch(1, 32, 0.5)
     zeros = np.zeros(32, np.float32)
 
     def both(r, v, m):

@@ -12,19 +12,22 @@ another platform, `available()` is False and callers use their pure-JAX path.
 """
 
 import ctypes
+import functools
 import hashlib
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import warnings
 
 import jax
 import jaxlib
 
+from envs._gamecache import build_once, cache_root
+
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gae_cpu.cc")
+_LIBRARY = "gae_cpu.so"
 GAE_TARGET = "jaxrl_gae_f32"
 _FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC")
 
@@ -32,53 +35,36 @@ _lock = threading.Lock()
 _state: dict = {}  # "ok": bool once tried; "error": why not
 
 
-def _cache_dir() -> str:
-    root = os.environ.get("JAXRL_CACHE") or os.path.join(
-        os.path.expanduser("~"), ".cache", "jaxrl_agents"
-    )
-    return os.path.join(root, "native")
-
-
 def _compiler() -> str | None:
     return os.environ.get("CXX") or shutil.which("g++") or shutil.which("clang++")
 
 
-def _library_path(compiler: str) -> str:
+def _library_key(compiler: str) -> str:
+    """Names one build: the source, compiler, jaxlib version, platform and flags."""
     with open(_SOURCE, "rb") as f:
         source = f.read()
-    key = hashlib.sha256(
+    return "gae_cpu-" + hashlib.sha256(
         b"\0".join([source, compiler.encode(), jaxlib.__version__.encode(),
                     sys.platform.encode(), " ".join(_FLAGS).encode()])
     ).hexdigest()[:16]
-    return os.path.join(_cache_dir(), f"gae_cpu-{key}.so")
 
 
-def _build(compiler: str, path: str) -> None:
-    """Compiles the source into `path` (atomically: concurrent processes may race)."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=os.path.dirname(path))
-    os.close(fd)
-    try:
-        cmd = [compiler, *_FLAGS, "-I", jax.ffi.include_dir(), _SOURCE, "-o", tmp]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+def _compile_into(compiler: str, directory: str) -> None:
+    cmd = [compiler, *_FLAGS, "-I", jax.ffi.include_dir(), _SOURCE, "-o",
+           os.path.join(directory, _LIBRARY)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
 
 
 def _load() -> None:
-    if os.environ.get("JAXRL_NATIVE_KERNELS", "1") == "0":
-        raise RuntimeError("disabled by JAXRL_NATIVE_KERNELS=0")
     compiler = _compiler()
     if compiler is None:
         raise RuntimeError("no C++ compiler found (g++ / clang++ / $CXX)")
-    path = _library_path(compiler)
-    if not os.path.exists(path):
-        _build(compiler, path)
-    library = ctypes.cdll.LoadLibrary(path)
+    # Built at most once per machine, published atomically (the games' cache mechanism).
+    directory = build_once(cache_root("native"), _library_key(compiler),
+                           functools.partial(_compile_into, compiler), marker=_LIBRARY)
+    library = ctypes.cdll.LoadLibrary(os.path.join(directory, _LIBRARY))
     jax.ffi.register_ffi_target(GAE_TARGET, jax.ffi.pycapsule(library.JaxrlGaeF32),
                                 platform="cpu")
 
@@ -87,15 +73,17 @@ def available() -> bool:
     """True when the CPU kernels are compiled and registered (tried once per process).
     A failure is reported once as a warning, naming why; callers then fall back."""
     with _lock:
-        if "ok" not in _state:
-            try:
-                _load()
-                _state["ok"] = True
-            except Exception as e:  # any failure: fall back to pure JAX, say why once
-                _state["ok"], _state["error"] = False, str(e)
-                if os.environ.get("JAXRL_NATIVE_KERNELS", "1") != "0":
-                    warnings.warn(f"native CPU kernels unavailable, using pure JAX: {e}",
-                                  stacklevel=2)
+        if "ok" in _state:
+            return _state["ok"]
+        if os.environ.get("JAXRL_NATIVE_KERNELS", "1") == "0":
+            _state["ok"], _state["error"] = False, "disabled by JAXRL_NATIVE_KERNELS=0"
+            return False
+        try:
+            _load()
+            _state["ok"] = True
+        except Exception as e:  # any failure: fall back to pure JAX, say why once
+            _state["ok"], _state["error"] = False, str(e)
+            warnings.warn(f"native CPU kernels unavailable, using pure JAX: {e}", stacklevel=2)
         return _state["ok"]
 
 
