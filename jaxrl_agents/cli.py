@@ -22,12 +22,14 @@ Outputs go to <output_dir>/<name>/: config.json, metrics.jsonl, TensorBoard even
 checkpoints/, eval.json (held-out success after SFT and after RL), plots/*.png.
 """
 
-EVAL_HELP = """Evaluate a trained run on its held-out tasks (greedy actions).
+EVAL_HELP = """Evaluate a trained run on its held-out tasks (greedy actions, or sampled ones).
 
   jaxrl-eval --run runs/NAME            # the run's config.json and latest checkpoint
   jaxrl-eval --config X.py [--config.a=b ...] [--step N]
+  jaxrl-eval --run runs/NAME --temperature 1 --samples 4   # sampled play, 4 per game
 
-Prints held-out success with a 95% confidence interval and writes it to eval.json ("eval").
+Prints held-out success with a 95% confidence interval and writes it to eval.json ("eval";
+"eval_T<temperature>" for sampled play).
 """
 
 
@@ -93,9 +95,21 @@ def eval_main(argv=None) -> int:
     def extra(p):
         p.add_argument("--run", metavar="DIR", help="a run directory made by jaxrl-train")
         p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
+        p.add_argument("--temperature", type=float, default=0.0,
+                       help="sample actions at this temperature instead of greedy play "
+                            "(written to eval.json as eval_T<temperature>)")
+        p.add_argument("--samples", type=int, default=1,
+                       help="with --temperature: play each held-out game this many times "
+                            "(the interval is then over games)")
+        p.add_argument("--seed", type=int, default=0, help="with --temperature: sampling seed")
 
     try:
         args, cfg = _parse(sys.argv[1:] if argv is None else argv, EVAL_HELP, extra)
+        if args.temperature < 0:
+            raise ConfigError(f"--temperature must be >= 0, got {args.temperature}")
+        if args.samples < 1 or (args.samples > 1 and args.temperature == 0):
+            raise ConfigError("--samples must be >= 1, and above 1 only with --temperature "
+                              "(greedy play is deterministic)")
         if cfg is None:
             if not args.run:
                 raise ConfigError("jaxrl-eval needs --run DIR or --config PATH")
@@ -110,9 +124,12 @@ def eval_main(argv=None) -> int:
         return 2
     from jaxrl_agents.trainer.loop import evaluate_checkpoint
 
-    result = evaluate_checkpoint(cfg, step=args.step)
+    result = evaluate_checkpoint(cfg, step=args.step, temperature=args.temperature,
+                                 samples=args.samples, seed=args.seed)
+    how = "greedy" if args.temperature == 0 else (
+        f"sampled at temperature {args.temperature:g}, {args.samples} per game")
     print(
-        f"held-out success: {result['mean']:.3f} (95% CI {result['ci_low']:.3f}-"
+        f"held-out success ({how}): {result['mean']:.3f} (95% CI {result['ci_low']:.3f}-"
         f"{result['ci_high']:.3f}, {result['n']} games)"
     )
     return 0

@@ -116,6 +116,38 @@ def success_ci(successes: Iterable, z: float = 1.959963984540054) -> dict:
     }
 
 
+def clustered_success_ci(successes: Iterable, games: Iterable, z: float = 1.959963984540054) -> dict:
+    """Success rate of several episodes per game, with a 95% interval over games.
+
+    Episodes of one game are not independent, so the interval is a normal one on the
+    per-game success rates: mean +- z * sd(rates) / sqrt(number of games), clipped to
+    [0, 1] (the Wilson interval of `success_ci` when every game was played once).
+    successes: one 0/1 value per episode; games: the game of each episode, same length.
+    Returns success_ci's keys, plus "games" (distinct games) and "samples_per_game" when
+    games were played more than once.
+    """
+    s = np.asarray(list(successes), np.float64).ravel()
+    labels = list(games)
+    if len(labels) != s.size:
+        raise ValueError(f"{s.size} outcomes but {len(labels)} game labels")
+    per_game: dict = {}
+    for label, won in zip(labels, s):
+        per_game.setdefault(label, []).append(won)
+    counts = {len(v) for v in per_game.values()}
+    if len(counts) > 1:
+        raise ValueError(f"games were played unequal numbers of times: {sorted(counts)}")
+    if counts == {1} or not per_game:
+        return success_ci(s, z)
+    if not np.all((s == 0) | (s == 1)):
+        raise ValueError("clustered_success_ci expects 0/1 (or bool) outcomes")
+    rates = np.array([np.mean(v) for v in per_game.values()])
+    p = float(rates.mean())
+    half = z * float(rates.std(ddof=1)) / math.sqrt(rates.size) if rates.size > 1 else 1.0
+    return {"mean": p, "n": int(s.size), "ci_low": max(0.0, p - half),
+            "ci_high": min(1.0, p + half), "games": int(rates.size),
+            "samples_per_game": counts.pop()}
+
+
 # --- a run directory reused by a fresh run ---------------------------------------------
 
 PREVIOUS_DIR = "previous"

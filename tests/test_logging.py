@@ -64,6 +64,27 @@ def test_success_ci_wilson_known_values():
         L.success_ci([0.5])
 
 
+def test_clustered_success_ci_is_an_interval_over_games():
+    rng = np.random.default_rng(0)
+    games = np.repeat(np.arange(40), 3)  # 40 games, 3 episodes each, shuffled below
+    won = rng.random(120) < np.repeat(rng.random(40), 3)
+    order = rng.permutation(120)
+    got = L.clustered_success_ci(won[order], games[order])
+    rates = won.reshape(40, 3).mean(axis=1)
+    half = 1.959963984540054 * rates.std(ddof=1) / math.sqrt(40)
+    assert got["mean"] == pytest.approx(won.mean())
+    assert got["ci_low"] == pytest.approx(max(0.0, rates.mean() - half))
+    assert got["ci_high"] == pytest.approx(min(1.0, rates.mean() + half))
+    assert (got["n"], got["games"], got["samples_per_game"]) == (120, 40, 3)
+    # One episode per game: exactly the Wilson interval of success_ci.
+    once = [True, False, True, True, False]
+    assert L.clustered_success_ci(once, "abcde") == L.success_ci(once)
+    with pytest.raises(ValueError, match="unequal"):
+        L.clustered_success_ci([True, False, True], ["a", "a", "b"])
+    with pytest.raises(ValueError, match="labels"):
+        L.clustered_success_ci([True, False], ["a"])
+
+
 def test_log_writes_jsonl_and_tensorboard(tmp_path):
     run = str(tmp_path / "run")
     with L.RunLogger(run, total=3, progress_bar=True) as log:

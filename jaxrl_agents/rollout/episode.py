@@ -272,10 +272,13 @@ class EpisodeDriver:
 
     def run(self, env_ids: Sequence[int], key=None, seeds: Sequence[int] | None = None, *,
             greedy: bool = False, forced_actions: Sequence[Sequence[str]] | str | None = None,
-            max_steps: Sequence[int | None] | None = None) -> list[Trajectory]:
+            max_steps: Sequence[int | None] | None = None,
+            temperature: float | None = None) -> list[Trajectory]:
         """Plays one episode in each env of `env_ids` (reset with `seeds`), in lock-step.
 
         key: `jax.random.key` for sampling (default key 0). greedy: argmax actions.
+        temperature: sample at this temperature (the driver's top-k / top-p kept) instead
+        of the driver's own; 0 is greedy.
         forced_actions: play these action strings instead of sampling (one list per env;
         "gold" for each task's gold actions; "random" for a uniformly drawn admissible
         command each turn, seeded by `key`); the rendering is the same, log-probs are 0 and
@@ -304,6 +307,8 @@ class EpisodeDriver:
         if forced_actions is not None:
             self._attach_forced(episodes, forced_actions, key)
         sampling = SamplingParams() if greedy else self.sampling
+        if temperature is not None and not greedy:
+            sampling = dataclasses.replace(sampling, temperature=float(temperature))
         forced = forced_actions is not None
         lanes = self._lanes(episodes, forced)
         self._play(lanes, sampling, key, timer, forced)

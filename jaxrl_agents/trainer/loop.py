@@ -31,7 +31,7 @@ from jaxrl_agents.logging import (
     TRAJECTORIES_FILE,
     RunLogger,
     set_aside_previous_run,
-    success_ci,
+    clustered_success_ci,
 )
 from jaxrl_agents.sharding import make_mesh
 from jaxrl_agents.trainer import setup, shares
@@ -191,20 +191,35 @@ class Trainer:
 
     # -- stages
 
-    def evaluate(self, stage: str, step: int | None = None, limit: int = 0, ids=None) -> dict:
+    def evaluate(self, stage: str, step: int | None = None, limit: int = 0, ids=None, *,
+                 temperature: float = 0.0, samples: int = 1, seed: int = 0) -> dict:
         """Greedy play on the held-out tasks (`ids`, default every one; the first `limit`, or
         all when 0); success with a 95% Wilson interval. When the games cover several tasks,
         each task's share is also written to eval.json as stage "<stage>:<task>".
+
+        temperature > 0: sampled play instead, each game `samples` times (keys from `seed`);
+        the interval is then over games (`clustered_success_ci`).
         Multi-host: each process plays its share and every process gets every result."""
+        if temperature <= 0 and samples != 1:
+            raise ValueError("greedy play is deterministic: samples must be 1 at temperature 0")
+        if samples < 1:
+            raise ValueError(f"samples must be >= 1, got {samples}")
         ids = self.layout.eval_ids if ids is None else ids
         ids = ids[:limit] if limit else ids
         mine = ids[distributed.process_slice(len(ids))]
         chunk = max(self.cfg.rollout.episodes_per_batch, 1)
+        key = jax.random.key(seed)
         local = []
         for i in range(0, len(mine), chunk):
             part = mine[i : i + chunk]
             budgets = self.schedule.eval_max_steps(part)
-            local += self.eval_driver.run(part, greedy=True, max_steps=budgets)
+            if temperature <= 0:
+                local += self.eval_driver.run(part, greedy=True, max_steps=budgets)
+                continue
+            for k in range(samples):
+                sub = jax.random.fold_in(jax.random.fold_in(key, i), k)
+                local += self.eval_driver.run(part, sub, max_steps=budgets,
+                                              temperature=temperature)
         trajs = [t for part in distributed.allgather_objects(local) for t in part]
         result = held_out_result(trajs)
         parts = self.layout.split_by_task(trajs)
@@ -400,9 +415,11 @@ class Trainer:
 
 
 def held_out_result(trajectories) -> dict:
-    """Success (mean, 95% Wilson interval, n), mean return and env failures of some
-    evaluation episodes."""
-    result = success_ci([t.won for t in trajectories])
+    """Success (mean, 95% interval, n), mean return and env failures of some evaluation
+    episodes: a Wilson interval when each game was played once, else one over games
+    (the env each episode ran in)."""
+    result = clustered_success_ci([t.won for t in trajectories],
+                                  [t.info.get("env_id", i) for i, t in enumerate(trajectories)])
     result["return_mean"] = float(np.mean([t.episode_return for t in trajectories]))
     result["failed"] = int(sum(t.failed for t in trajectories))
     return result
@@ -423,8 +440,11 @@ def train(cfg, *, resume: bool = False) -> dict:
         trainer.close()
 
 
-def evaluate_checkpoint(cfg, step: int | None = None) -> dict:
-    """Held-out success of a run's checkpoint (latest by default), written as "eval"."""
+def evaluate_checkpoint(cfg, step: int | None = None, *, temperature: float = 0.0,
+                        samples: int = 1, seed: int = 0) -> dict:
+    """Held-out success of a run's checkpoint (latest by default), written as "eval"
+    (greedy) or "eval_T<temperature>" (sampled `samples` times per game; see
+    `Trainer.evaluate`)."""
     trainer = Trainer(cfg)
     try:
         trainer.state = trainer.learner.init_state(trainer.actor_critic)
@@ -440,7 +460,8 @@ def evaluate_checkpoint(cfg, step: int | None = None) -> dict:
             progress_bar=False,
             is_main=distributed.is_main_process(),
         )
-        return trainer.evaluate("eval")
+        stage = "eval" if temperature <= 0 else f"eval_T{temperature:g}"
+        return trainer.evaluate(stage, temperature=temperature, samples=samples, seed=seed)
     finally:
         trainer.close()
 

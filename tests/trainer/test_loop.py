@@ -136,6 +136,33 @@ def test_each_task_gets_its_own_held_out_entry(tmp_path):
     assert summary["rl"] == evals["rl"]
 
 
+@pytest.mark.slow
+def test_jaxrl_eval_plays_greedy_or_sampled(tmp_path, capsys):
+    """jaxrl-eval on a finished run: greedy play reproduces the run's own figure after RL;
+    sampled play (3 per game) is written as eval_T1 with an interval over games and is
+    reproducible from its seed; bad flags exit 2."""
+    from jaxrl_agents import cli
+
+    overrides = _overrides(tmp_path, "ev", **{"rl.episodes_per_epoch": 8, "sft.epochs": 1,
+                                             "checkpoint.every": 0})
+    train(load_config("configs/toy_tiny.py", overrides))
+    run = str(tmp_path / "ev")
+    assert cli.eval_main(["--run", run]) == 0
+    evals = json.loads((tmp_path / "ev" / "eval.json").read_text())
+    assert evals["eval"]["mean"] == evals["rl"]["mean"] and evals["eval"]["n"] == 4
+    sampled = []
+    for _ in range(2):
+        assert cli.eval_main(["--run", run, "--temperature", "1", "--samples", "3"]) == 0
+        sampled.append(json.loads((tmp_path / "ev" / "eval.json").read_text())["eval_T1"])
+    assert sampled[0] == sampled[1]
+    got = sampled[0]
+    assert (got["n"], got["games"], got["samples_per_game"]) == (12, 4, 3)
+    assert 0.0 <= got["ci_low"] <= got["mean"] <= got["ci_high"] <= 1.0
+    assert "sampled at temperature 1, 3 per game" in capsys.readouterr().out
+    assert cli.eval_main(["--run", run, "--samples", "2"]) == 2
+    assert cli.eval_main(["--run", run, "--temperature", "-1"]) == 2
+
+
 def test_bad_configs_are_rejected_with_the_key_named():
     with pytest.raises(ConfigError, match="algo.estimator"):
         load_config("configs/toy_tiny.py", ["--config.algo.estimator=ppo"])
