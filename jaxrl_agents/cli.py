@@ -130,7 +130,8 @@ def eval_main(argv=None) -> int:
         f"sampled at temperature {args.temperature:g}, {args.samples} per game")
     print(
         f"held-out success ({how}): {result['mean']:.3f} (95% CI {result['ci_low']:.3f}-"
-        f"{result['ci_high']:.3f}, {result['n']} games)"
+        f"{result['ci_high']:.3f}, {result.get('games', result['n'])} games"
+        + (f", {result['n']} episodes)" if "games" in result else ")")
     )
     return 0
 

@@ -158,7 +158,8 @@ def test_jaxrl_eval_plays_greedy_or_sampled(tmp_path, capsys):
     got = sampled[0]
     assert (got["n"], got["games"], got["samples_per_game"]) == (12, 4, 3)
     assert 0.0 <= got["ci_low"] <= got["mean"] <= got["ci_high"] <= 1.0
-    assert "sampled at temperature 1, 3 per game" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "sampled at temperature 1, 3 per game" in out and "4 games, 12 episodes" in out
     assert cli.eval_main(["--run", run, "--samples", "2"]) == 2
     assert cli.eval_main(["--run", run, "--temperature", "-1"]) == 2
 
