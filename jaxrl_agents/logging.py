@@ -116,7 +116,8 @@ def success_ci(successes: Iterable, z: float = 1.959963984540054) -> dict:
     }
 
 
-def clustered_success_ci(successes: Iterable, games: Iterable, z: float = 1.959963984540054) -> dict:
+def clustered_success_ci(successes: Iterable, games: Iterable,
+                         z: float = 1.959963984540054) -> dict:
     """Success rate of several episodes per game, with a 95% interval over games.
 
     Episodes of one game are not independent, so the interval is a normal one on the

@@ -30,8 +30,8 @@ from jaxrl_agents.logging import (
     SUMMARY_FILE,
     TRAJECTORIES_FILE,
     RunLogger,
-    set_aside_previous_run,
     clustered_success_ci,
+    set_aside_previous_run,
 )
 from jaxrl_agents.sharding import make_mesh
 from jaxrl_agents.trainer import setup, shares
