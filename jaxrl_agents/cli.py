@@ -105,11 +105,12 @@ def eval_main(argv=None) -> int:
 
     try:
         args, cfg = _parse(sys.argv[1:] if argv is None else argv, EVAL_HELP, extra)
-        if args.temperature < 0:
-            raise ConfigError(f"--temperature must be >= 0, got {args.temperature}")
-        if args.samples < 1 or (args.samples > 1 and args.temperature == 0):
-            raise ConfigError("--samples must be >= 1, and above 1 only with --temperature "
-                              "(greedy play is deterministic)")
+        from jaxrl_agents.trainer.loop import check_eval_sampling
+
+        try:
+            check_eval_sampling(args.temperature, args.samples)
+        except ValueError as err:
+            raise ConfigError(f"--temperature / --samples: {err}") from None
         if cfg is None:
             if not args.run:
                 raise ConfigError("jaxrl-eval needs --run DIR or --config PATH")

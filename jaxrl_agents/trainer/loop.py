@@ -200,10 +200,7 @@ class Trainer:
         temperature > 0: sampled play instead, each game `samples` times (keys from `seed`);
         the interval is then over games (`clustered_success_ci`).
         Multi-host: each process plays its share and every process gets every result."""
-        if temperature <= 0 and samples != 1:
-            raise ValueError("greedy play is deterministic: samples must be 1 at temperature 0")
-        if samples < 1:
-            raise ValueError(f"samples must be >= 1, got {samples}")
+        check_eval_sampling(temperature, samples)
         ids = self.layout.eval_ids if ids is None else ids
         ids = ids[:limit] if limit else ids
         mine = ids[distributed.process_slice(len(ids))]
@@ -213,7 +210,7 @@ class Trainer:
         for i in range(0, len(mine), chunk):
             part = mine[i : i + chunk]
             budgets = self.schedule.eval_max_steps(part)
-            if temperature <= 0:
+            if temperature == 0:
                 local += self.eval_driver.run(part, greedy=True, max_steps=budgets)
                 continue
             for k in range(samples):
@@ -414,6 +411,16 @@ class Trainer:
         self.pool.close()
 
 
+def check_eval_sampling(temperature: float, samples: int) -> None:
+    """Raises ValueError unless (temperature, samples) is a valid evaluation: temperature
+    0 (greedy, one play per game) or above 0 with samples >= 1."""
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if samples < 1 or (samples > 1 and temperature == 0):
+        raise ValueError(f"samples must be >= 1, and above 1 only with a temperature above 0 "
+                         f"(greedy play is deterministic); got {samples}")
+
+
 def held_out_result(trajectories) -> dict:
     """Success (mean, 95% interval, n), mean return and env failures of some evaluation
     episodes: a Wilson interval when each game was played once, else one over games
@@ -460,7 +467,7 @@ def evaluate_checkpoint(cfg, step: int | None = None, *, temperature: float = 0.
             progress_bar=False,
             is_main=distributed.is_main_process(),
         )
-        stage = "eval" if temperature <= 0 else f"eval_T{temperature:g}"
+        stage = "eval" if temperature == 0 else f"eval_T{temperature:g}"
         return trainer.evaluate(stage, temperature=temperature, samples=samples, seed=seed)
     finally:
         trainer.close()
