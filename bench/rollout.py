@@ -3,6 +3,11 @@
 1. Decode throughput (new tokens / s) of our jitted KV-cache sampler against transformers'
    PyTorch `generate` (with its KV cache), greedy, the same random weights, batch 1, 8 and
    32, 128 new tokens each; prints the ratio (target: >= 2x at batch 8 and 32).
+   Ours runs twice: on one CPU device, and sharded over one CPU device per core (a
+   `data` mesh; the batch split between them), which is how this framework spreads work
+   over cores. XLA:CPU splits one program's small matmuls (32 rows here) over the cores
+   poorly, while the devices of a mesh run their shares of the batch side by side. This
+   script asks XLA for one host device per core (`XLA_FLAGS`) unless a count is set.
 2. Episodes per minute of `EpisodeDriver` on TextWorld w2-o3-q4 with a tiny random policy
    (sampled at temperature 1, so episodes mostly run to their step budget).
 
@@ -21,12 +26,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform"
+                               f"_device_count={os.cpu_count() or 1}").strip()
+
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
 from bench.common import best_seconds, table  # noqa: E402
+from jaxrl_agents import sharding  # noqa: E402
 from jaxrl_agents.models import hf_io  # noqa: E402
 from jaxrl_agents.rollout import Sampler, SamplingParams  # noqa: E402
 
@@ -60,20 +70,29 @@ def torch_generate(model, prompts: np.ndarray):
 
 
 def decode_throughput(repeats: int):
-    """Ours vs torch with its default threads, then vs torch on one thread (on a small,
-    shared CPU torch's thread pool can lose more to contention than it gains)."""
+    """Ours on one device and over one device per core, vs torch with its default threads,
+    then vs torch on one thread (on a small, shared CPU torch's thread pool can lose more to
+    contention than it gains)."""
     default_threads = torch.get_num_threads()
+    devices = jax.device_count()
     batches = (1, 8, 32)
     rng = np.random.default_rng(0)
     prompts = {b: rng.integers(1, 2048, size=(b, PROMPT_LEN)) for b in batches}
     ours, theirs = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         torch_model = make_checkpoint(tmp)
-        model, _ = hf_io.load(tmp)
-        sampler = Sampler(model)
-        for b in batches:
-            run = lambda p=prompts[b]: sampler.generate(p.tolist(), NEW_TOKENS, SamplingParams())
-            ours[b] = best_seconds(run, repeats=repeats, warmup=1)
+        samplers = {1: Sampler(hf_io.load(tmp)[0])}
+        if devices > 1:  # its own copy: shard_params places a model's parameters in place
+            mesh = sharding.make_mesh({"data": devices, "fsdp": 1, "tensor": 1})
+            samplers[devices] = Sampler(sharding.shard_params(hf_io.load(tmp)[0], mesh),
+                                        mesh=mesh)
+        for n, sampler in samplers.items():
+            for b in batches:
+                if b % n:
+                    continue  # a batch the devices cannot share evenly
+                run = lambda p=prompts[b], s=sampler: s.generate(p.tolist(), NEW_TOKENS,
+                                                                  SamplingParams())
+                ours[b, n] = best_seconds(run, repeats=repeats, warmup=1)
         for threads in (default_threads, 1):
             torch.set_num_threads(threads)
             for b in batches:
@@ -83,16 +102,19 @@ def decode_throughput(repeats: int):
     rows = []
     for b in batches:
         tok = b * NEW_TOKENS
-        row = [b, f"{tok / ours[b]:,.0f}"]
+        best = min(seconds for (batch, _), seconds in ours.items() if batch == b)
+        row = [b] + [f"{tok / ours[b, n]:,.0f}" if (b, n) in ours else "-" for n in samplers]
         for threads in (default_threads, 1):
-            row += [f"{tok / theirs[b, threads]:,.0f}", f"{theirs[b, threads] / ours[b]:.2f}x"]
+            row += [f"{tok / theirs[b, threads]:,.0f}", f"{theirs[b, threads] / best:.2f}x"]
         rows.append(row)
     print(f"Decode throughput: greedy, prompt {PROMPT_LEN} tokens, {NEW_TOKENS} new tokens, "
           f"Qwen2 D=256 L=4 V=2048 (random weights), transformers {transformers.__version__}, "
-          f"torch {torch.__version__}, jax {jax.__version__} on {jax.devices()[0].platform}, "
-          f"best of {repeats} runs each")
+          f"torch {torch.__version__}, jax {jax.__version__} on {devices} "
+          f"{jax.devices()[0].platform} device(s), best of {repeats} runs each; the ratios "
+          "take our faster column")
     t = default_threads
-    print(table(rows, ["batch", "ours tok/s", f"torch({t} thr) tok/s", "ratio",
+    ours_columns = [f"ours {n} dev tok/s" for n in samplers]
+    print(table(rows, ["batch", *ours_columns, f"torch({t} thr) tok/s", "ratio",
                        "torch(1 thr) tok/s", "ratio"]))
 
 
