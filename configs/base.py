@@ -120,6 +120,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.pretrain.epochs = 2  # passes over the random-play transcripts
     c.pretrain.learning_rate = 1e-3  # Adam learning rate
     c.pretrain.batch_size = 16  # transcripts per step
+    c.pretrain.grad_accum = 1  # micro-batches per step (same step, 1/k of the activations)
 
     # --- sft: supervised fine-tuning on golden trajectories ------------------------------
     c.sft = ml_collections.ConfigDict()
@@ -127,6 +128,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.sft.num_trajectories = 50  # golden trajectories to train on
     c.sft.learning_rate = 5e-6  # Adam learning rate
     c.sft.batch_size = 16  # trajectories per step
+    c.sft.grad_accum = 1  # micro-batches per step (same step, 1/k of the activations)
     c.sft.epochs = 3  # passes over the training split
     c.sft.val_fraction = 0.2  # share held out for validation loss
     c.sft.keep_best = True  # end SFT with the epoch of lowest validation loss

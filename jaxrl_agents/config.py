@@ -130,7 +130,8 @@ def apply_override(cfg: ml_collections.ConfigDict, override: str) -> None:
 # Numeric keys with a range: (keys, test, what the error says the value must do).
 BOUNDS = (
     (("rollout.episodes_per_batch", "rollout.max_action_tokens", "rl.minibatch_size",
-      "action_space.advance_every_epochs"), lambda v: v > 0, "must be positive"),
+      "action_space.advance_every_epochs", "rl.grad_accum", "sft.grad_accum",
+      "pretrain.grad_accum"), lambda v: v > 0, "must be positive"),
     (("rl.logits_chunk",), lambda v: v >= 0, "must be >= 0"),
     (("algo.gamma", "algo.lam", "sft.val_fraction", "action_space.advance_above"),
      lambda v: 0.0 <= v <= 1.0, "must lie in [0, 1]"),

@@ -244,7 +244,8 @@ class Trainer:
             self.actor_critic.policy, learning_rate=cfg.pretrain.learning_rate,
             batch_size=cfg.pretrain.batch_size, epochs=cfg.pretrain.epochs, val_fraction=0.1,
             seed=cfg.seed, keep_best=False, target="all", max_grad_norm=cfg.rl.max_grad_norm,
-            pad_id=self.pad_id, length_buckets=cfg.rollout.length_buckets)
+            pad_id=self.pad_id, length_buckets=cfg.rollout.length_buckets,
+            grad_accum=cfg.pretrain.grad_accum)
 
         def on_epoch(row):
             self.logger.log(0, {f"pretrain/{k}": v for k, v in row.items()})

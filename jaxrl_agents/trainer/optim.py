@@ -1,4 +1,4 @@
-"""Optimizers and learning-rate schedules from the config."""
+"""Optimizers, learning-rate schedules and gradient accumulation."""
 
 from __future__ import annotations
 
@@ -108,3 +108,24 @@ def actor_critic_adam(
         actor_critic_labels,
     )
     return optax.chain(*parts, split)
+
+
+def accumulate_gradients(grad_fn, params, micro, weights):
+    """sum_a weights[a] * grad of micro-batch a, one micro-batch at a time (`lax.scan`: only
+    one micro-batch's activations are alive at once).
+
+    grad_fn(params, mb) -> ((loss, metrics), grads), as `jax.value_and_grad(..., has_aux=True)`
+    gives; micro: a tree of [A, ...] arrays (A micro-batches); weights: [A], each
+    micro-batch's share of the whole batch's loss (they sum to 1 when the losses are means
+    over the micro-batches, so that the sum is the whole batch's gradient).
+    Returns (grads, metrics stacked [A, ...]).
+    """
+
+    def accumulate(grads_sum, mb_and_weight):
+        mb, weight = mb_and_weight
+        (_, metrics), grads = grad_fn(params, mb)
+        grads_sum = jax.tree.map(lambda s, g: s + (weight * g).astype(s.dtype), grads_sum, grads)
+        return grads_sum, metrics
+
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    return jax.lax.scan(accumulate, zeros, (micro, weights))

@@ -355,17 +355,9 @@ def train_step(hp, graphdef, tx, state: LearnerState, micro: dict, kl_coef, poli
         ewc_state = None if state.ewc_fisher is None else (state.ewc_anchor, state.ewc_fisher)
         return loss_fn(hp, graphdef, params, mb, kl_coef, policy_coef, ewc_state)
 
-    grad_fn = jax.value_and_grad(loss_of, has_aux=True)
-
-    def accumulate(grads_sum, mb_and_weight):
-        mb, weight = mb_and_weight
-        (_, metrics), grads = grad_fn(trainable, mb)
-        grads_sum = jax.tree.map(lambda s, g: s + (weight * g).astype(s.dtype), grads_sum, grads)
-        return grads_sum, metrics
-
-    zeros = jax.tree.map(jnp.zeros_like, trainable)
     weights = _micro_weights(hp, micro)
-    grads, metrics = jax.lax.scan(accumulate, zeros, (micro, weights))
+    grads, metrics = optim.accumulate_gradients(
+        jax.value_and_grad(loss_of, has_aux=True), trainable, micro, weights)
     # During the value warm-up (policy_coef 0) only the critic trains: a trunk shared with
     # the value head would otherwise move the policy through the value loss.
     grads = jax.tree.map(

@@ -31,10 +31,7 @@ def sft_loss(graphdef, params, batch: dict, target: str = "actions"):
     logits = model(batch["input_ids"], batch["positions"], batch["valid"])
     allowed = batch.get("allowed")
     logp, _ = kernels.next_token_logprobs_and_entropy(logits, batch["input_ids"], allowed)
-    if target == "all":
-        mask = batch["valid"].astype(jnp.float32).at[:, 0].set(0.0)
-    else:
-        mask = batch["action_mask"]
+    mask = target_mask(batch, target)
     nll = -kernels.masked_mean(logp, mask)
     predicted = kernels.shift_right(jnp.argmax(logits, axis=-1))  # (B, T): aligned
     if allowed is not None:  # constrained tokens: the argmax among their allowed ids
@@ -47,11 +44,26 @@ def sft_loss(graphdef, params, batch: dict, target: str = "actions"):
     return nll, {"sft/loss": nll, "sft/token_accuracy": accuracy}
 
 
-def _train_step(graphdef, tx, target, params, opt_state, batch):
-    (loss, metrics), grads = jax.value_and_grad(
-        functools.partial(sft_loss, graphdef, target=target), has_aux=True
-    )(params, batch)
+def target_mask(batch: dict, target: str):
+    """[..., B, T] float32: 1 on the tokens whose likelihood the loss counts (action tokens,
+    or every real token after the first)."""
+    if target == "all":
+        return batch["valid"].astype(jnp.float32).at[..., 0].set(0.0)
+    return batch["action_mask"].astype(jnp.float32)
+
+
+def _train_step(graphdef, tx, target, grad_accum, params, opt_state, batch):
+    """One optimizer step on a batch of B rows (B a multiple of grad_accum), taken as
+    grad_accum micro-batches of B / grad_accum rows whose gradients are summed, each
+    weighted by its share of the counted tokens: the step equals the whole batch's."""
+    micro = jax.tree.map(lambda v: v.reshape((grad_accum, -1) + v.shape[1:]), batch)
+    counts = target_mask(micro, target).sum(axis=(1, 2))  # (A,)
+    weights = counts / jnp.maximum(counts.sum(), 1.0)
+    grad_fn = jax.value_and_grad(functools.partial(sft_loss, graphdef, target=target),
+                                 has_aux=True)
+    grads, metrics = optim.accumulate_gradients(grad_fn, params, micro, weights)
     updates, opt_state = tx.update(grads, opt_state, params)
+    metrics = jax.tree.map(lambda m: jnp.sum(weights * m), metrics)
     return optax.apply_updates(params, updates), opt_state, metrics
 
 
@@ -72,7 +84,9 @@ class SFTTrainer:
     `fit(trajectories, on_epoch=None)` trains in place (the policy module is updated) and
     returns the per-epoch history [{"epoch", "train_loss", "val_loss", ...}]. With
     `keep_best` the policy ends with the parameters of the epoch of lowest validation loss
-    (early stopping without cutting the history short).
+    (early stopping without cutting the history short). `grad_accum` splits each batch
+    into that many micro-batches, one alive at a time (the step is the same; the memory of
+    the activations is divided).
     """
 
     def __init__(
@@ -90,9 +104,12 @@ class SFTTrainer:
         pad_id: int = 0,
         length_buckets: Sequence[int] = (128, 256, 512, 1024),
         choice_width: int | None = None,
+        grad_accum: int = 1,
     ):
+        if grad_accum < 1:
+            raise ValueError(f"grad_accum must be >= 1, got {grad_accum}")
         self.policy = policy
-        self.batch_size, self.epochs = batch_size, epochs
+        self.batch_size, self.epochs, self.grad_accum = batch_size, epochs, grad_accum
         self.val_fraction, self.seed = val_fraction, seed
         self.keep_best = keep_best
         if target not in TARGETS:
@@ -102,7 +119,8 @@ class SFTTrainer:
         self.choice_width = choice_width  # set: trajectories' recorded choices restrict SFT
         self.tx = optim.adam(optax.constant_schedule(learning_rate), max_grad_norm)
         self.graphdef, _ = nnx.split(policy)
-        self._step = jax.jit(functools.partial(_train_step, self.graphdef, self.tx, target))
+        self._step = jax.jit(functools.partial(_train_step, self.graphdef, self.tx, target,
+                                               grad_accum))
         self._eval = jax.jit(functools.partial(sft_loss, self.graphdef, target=target))
 
     @classmethod
@@ -119,11 +137,12 @@ class SFTTrainer:
             pad_id=pad_id,
             length_buckets=cfg.rollout.length_buckets,
             choice_width=cfg.rollout.choice_width if cfg.rollout.constrain_actions else None,
+            grad_accum=cfg.sft.grad_accum,
         )
 
-    def _pack(self, trajs: Sequence[Trajectory]) -> dict:
+    def _pack(self, trajs: Sequence[Trajectory], row_multiple: int = 1) -> dict:
         batch: Batch = pack(trajs, pad_id=self.pad_id, length_buckets=self.length_buckets,
-                            choice_width=self.choice_width)
+                            row_multiple=row_multiple, choice_width=self.choice_width)
         return {k: jnp.asarray(v) for k, v in batch.as_dict().items()}
 
     def evaluate(self, params, trajs: Sequence[Trajectory]) -> dict:
@@ -155,7 +174,8 @@ class SFTTrainer:
             losses = []
             for i in range(0, len(train), self.batch_size):
                 chunk = [train[j] for j in order[i : i + self.batch_size]]
-                params, opt_state, metrics = self._step(params, opt_state, self._pack(chunk))
+                params, opt_state, metrics = self._step(
+                    params, opt_state, self._pack(chunk, row_multiple=self.grad_accum))
                 losses.append(float(metrics["sft/loss"]))
             row = {
                 "epoch": epoch + 1,
