@@ -129,6 +129,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.sft.learning_rate = 5e-6  # Adam learning rate
     c.sft.batch_size = 16  # trajectories per step
     c.sft.grad_accum = 1  # micro-batches per step (same step, 1/k of the activations)
+    c.sft.optimizer_state = "float32"  # Adam moments: float32 | int8 (as rl.optimizer_state)
     c.sft.epochs = 3  # passes over the training split
     c.sft.val_fraction = 0.2  # share held out for validation loss
     c.sft.keep_best = True  # end SFT with the epoch of lowest validation loss

@@ -33,6 +33,7 @@ def get_config():
     c.rollout.max_context = 2048
     c.rollout.length_buckets = (512, 1024, 1536, 2048)
     c.sft.num_trajectories = 50
+    c.sft.grad_accum = 8  # 2-row micro-batches: SFT's batch is not split over chips
     c.rl.learning_rate = 3e-6
     c.rl.lr_schedule = "step_decay"  # x0.9 every 200 episodes
     c.rl.episodes_per_epoch = 1000

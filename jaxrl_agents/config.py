@@ -36,6 +36,7 @@ CHOICES: dict[str, tuple] = {
     "kl.controller": ("fixed", "adaptive", "warmup"),
     "rl.lr_schedule": ("constant", "linear", "step_decay"),
     "rl.optimizer_state": ("float32", "int8"),
+    "sft.optimizer_state": ("float32", "int8"),
     "rl.master_weights": ("none", "float32"),
     "reward.source": ("verified", "binary", "learned", "weighted"),
     "reward.mix": ("none", "code", "text"),

@@ -14,6 +14,11 @@ with the batch is counted (R(2b) - R(b)), so parameters the backward pass reads 
 counted twice. With remat, one layer's forward is recomputed at a time during the
 backward pass: the residuals of one un-rematerialised layer are added for that.
 
+The supervised phases before RL (the language-model warm-up, SFT) get a peak each
+(`warmup_peak`): the actor-critic's parameters, the SFT optimizer's state, two sets of
+gradients and the residuals of `sft.sft_loss` for one of their micro-batches, whose rows
+are not split over devices.
+
 `RLLearner.prepare` gets no row of its own: it runs forward passes only (no gradients,
 no saved residuals) over one micro-batch's rows at a time, so it stays under the
 training step's peak.
@@ -265,17 +270,20 @@ def residual_bytes(cfg, mc: ModelConfig, rows: int, length: int) -> int:
 
 
 def activation_bytes(cfg, mc: ModelConfig, rows: int, length: int) -> dict[str, int]:
-    """Activations of one micro-batch on one device: {"saved": ..., "recompute": ...}.
+    """Activations of one RL micro-batch on one device: {"saved": ..., "recompute": ...}.
 
     saved: residuals that grow with the batch, R(2b) - R(b). recompute (remat only): the
     residuals of one layer without remat, the working set while the backward pass
     recomputes a layer (difference between a 2-layer and a 1-layer model).
     """
+    return _growing_residuals(lambda m, r: residual_bytes(cfg, m, r, length), mc, rows)
+
+
+def _growing_residuals(residuals, mc: ModelConfig, rows: int) -> dict[str, int]:
+    """`activation_bytes` for a loss whose residual bytes are residuals(model_config, rows)."""
 
     def batch_part(model_cfg):
-        return residual_bytes(cfg, model_cfg, 2 * rows, length) - residual_bytes(
-            cfg, model_cfg, rows, length
-        )
+        return residuals(model_cfg, 2 * rows) - residuals(model_cfg, rows)
 
     out = {"saved": batch_part(mc), "recompute": 0}
     if mc.remat != "none":
@@ -284,6 +292,70 @@ def activation_bytes(cfg, mc: ModelConfig, rows: int, length: int) -> dict[str, 
             plain.replace(num_layers=1)
         )
     return out
+
+
+def sft_batch_spec(rows: int, length: int, choice_width: int | None = None) -> dict:
+    """ShapeDtypeStructs of the Batch fields `sft.sft_loss` reads."""
+    bt, i32 = (rows, length), jnp.int32
+    spec = {name: jax.ShapeDtypeStruct(bt, i32) for name in ("input_ids", "positions", "valid")}
+    spec["action_mask"] = jax.ShapeDtypeStruct(bt, jnp.float32)
+    if choice_width:
+        spec["allowed"] = jax.ShapeDtypeStruct((*bt, choice_width), i32)
+    return spec
+
+
+def _abstract_policy(mc: ModelConfig, seed: int = 0):
+    return nnx.split(nnx.eval_shape(lambda: Transformer(mc, rngs=nnx.Rngs(seed))))
+
+
+def sft_residual_bytes(mc: ModelConfig, rows: int, length: int, target: str,
+                       choice_width: int | None = None) -> int:
+    """Bytes of the residuals `jax.vjp` of the SFT loss keeps for `rows` x `length` tokens."""
+    from jaxrl_agents.trainer.sft import sft_loss
+
+    graphdef, params = _abstract_policy(mc)
+
+    def pullback(params, batch):
+        return jax.vjp(lambda p: sft_loss(graphdef, p, batch, target)[0], params)[1]
+
+    return tree_bytes(jax.eval_shape(pullback, params, sft_batch_spec(rows, length,
+                                                                      choice_width)))
+
+
+def warmup_phases(cfg) -> list[tuple[str, int, int, str, int | None]]:
+    """The supervised phases before RL: (name, micro-batch rows, tokens per row, SFT
+    target, choice width), as `Trainer.run_pretrain` and `run_sft` set up their
+    `SFTTrainer`s (one micro-batch is batch_size / grad_accum rows, rounded up)."""
+    length = bucket(cfg.rollout.max_context, cfg.rollout.length_buckets)
+    width = cfg.rollout.choice_width if cfg.rollout.constrain_actions else None
+    phases = []
+    if cfg.pretrain.episodes_per_task > 0:
+        rows = -(-cfg.pretrain.batch_size // cfg.pretrain.grad_accum)
+        phases.append(("language-model warm-up", rows, length, "all", None))
+    if cfg.sft.enabled:
+        rows = -(-cfg.sft.batch_size // cfg.sft.grad_accum)
+        phases.append(("SFT", rows, length, "actions", width))
+    return phases
+
+
+def warmup_peak(cfg, mc: ModelConfig, mesh, resident: int) -> dict[str, int]:
+    """Per-device peak of each supervised phase: what stays resident (`resident`: the
+    actor-critic's parameters), the SFT optimizer's state, the accumulated and one
+    micro-batch's gradients, and one micro-batch's activations (its rows are not split
+    over devices: `SFTTrainer` feeds whole batches)."""
+    from jaxrl_agents.trainer import optim
+
+    _, params = _abstract_policy(mc)
+    fixed = resident + 2 * per_device_bytes(params, mesh)
+    peaks = {}
+    for name, rows, length, target, width in warmup_phases(cfg):
+        state = cfg.sft.optimizer_state if target == "actions" else "float32"
+        opt_state = jax.eval_shape(optim.adam(lambda step: 0.0, state=state).init, params)
+        act = _growing_residuals(
+            lambda m, r, length=length, target=target, width=width: sft_residual_bytes(
+                m, r, length, target, width), mc, rows)
+        peaks[name] = fixed + per_device_bytes(opt_state, mesh) + act["saved"] + act["recompute"]
+    return peaks
 
 
 def kv_cache_spec(
@@ -312,10 +384,11 @@ class Plan:
     train_peak: int
     rollout_peak: int
     info: dict
+    warmup_peaks: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def peak(self) -> int:
-        return max(self.train_peak, self.rollout_peak)
+        return max(self.train_peak, self.rollout_peak, *self.warmup_peaks.values())
 
 
 def train_shape(cfg, mesh) -> tuple[int, int, int]:
@@ -343,6 +416,7 @@ def make_plan(cfg, mc: ModelConfig, mesh) -> Plan:
     }
     rows["other learner state"] = per_device_bytes(others, mesh)  # e.g. master weights
     resident = sum(rows.values())
+    warmup = warmup_peak(cfg, mc, mesh, rows["policy parameters"] + rows["critic parameters"])
     # The update is a scan over micro-batches: the accumulated gradients (carry) and one
     # micro-batch's gradients are both live when they are added. They are taken with
     # respect to the float32 master copy when there is one.
@@ -375,7 +449,7 @@ def make_plan(cfg, mc: ModelConfig, mesh) -> Plan:
             "reference policy": tree_bytes(state.ref_params),
         },
     }
-    return Plan(rows, train_peak, rollout_peak, info)
+    return Plan(rows, train_peak, rollout_peak, info, warmup)
 
 
 def verdict(plan: Plan, device_bytes: int, headroom: float = 0.1) -> tuple[bool, str]:
@@ -414,6 +488,7 @@ def format_plan(plan: Plan, device_name: str, device_bytes: int, headroom: float
     lines += [
         f"{'peak, training step':<38}{plan.train_peak / GIB:>10.3f}",
         f"{'peak, rollout':<38}{plan.rollout_peak / GIB:>10.3f}",
+        *(f"{'peak, ' + name:<38}{peak / GIB:>10.3f}" for name, peak in plan.warmup_peaks.items()),
         "",
         verdict(plan, device_bytes, headroom)[1],
     ]

@@ -121,6 +121,42 @@ def test_activation_estimate_close_to_compiled_temp_bytes(remat, scan):
     assert temp / ACTIVATION_FACTOR <= total <= temp * ACTIVATION_FACTOR, (est, temp)
 
 
+@pytest.mark.parametrize("target", ["actions", "all"])
+def test_sft_activation_estimate_close_to_compiled_temp_bytes(target):
+    """The supervised phases' activations against what XLA allocates for the SFT gradient."""
+    from jaxrl_agents.trainer.sft import sft_loss
+
+    mc = plan.model_config(tiny_config(**{"model.num_layers": 3}))
+    rows, length = 4, 128
+    est = plan._growing_residuals(
+        lambda m, r: plan.sft_residual_bytes(m, r, length, target), mc, rows)
+    graphdef, params = plan._abstract_policy(mc)
+    grad = jax.grad(lambda p, b: sft_loss(graphdef, p, b, target)[0])
+    temp = jax.jit(grad).lower(params, plan.sft_batch_spec(rows, length)).compile()
+    temp = temp.memory_analysis().temp_size_in_bytes
+    total = est["saved"] + est["recompute"]
+    print(f"SFT target={target}: estimate {total} bytes, compiled temp {temp}")
+    assert temp / ACTIVATION_FACTOR <= total <= temp * ACTIVATION_FACTOR, (est, temp)
+
+
+def test_warmup_phases_get_a_peak_that_grad_accum_lowers():
+    """The warm-up and SFT rows follow the config: present when the phase runs, their
+    activations split by grad_accum, and the plan's peak covers them."""
+    base = {"pretrain.episodes_per_task": 2, "pretrain.batch_size": 8, "sft.batch_size": 8,
+            "rollout.max_context": 512}
+    mesh = plan.abstract_mesh({"data": 1}, 1)
+    cfg = tiny_config(**base)
+    whole = plan.make_plan(cfg, plan.model_config(cfg), mesh)
+    assert set(whole.warmup_peaks) == {"language-model warm-up", "SFT"}
+    assert whole.peak >= max(whole.warmup_peaks.values())
+    cfg = tiny_config(**base, **{"pretrain.grad_accum": 4, "sft.enabled": False})
+    split = plan.make_plan(cfg, plan.model_config(cfg), mesh)
+    assert set(split.warmup_peaks) == {"language-model warm-up"}
+    fixed = whole.rows["policy parameters"]  # a lower bound of what does not shrink
+    assert (split.warmup_peaks["language-model warm-up"] - fixed
+            < 0.5 * (whole.warmup_peaks["language-model warm-up"] - fixed))
+
+
 def test_remat_shrinks_saved_activations_and_rows_scale_them():
     base = {"model.scan_layers": True, "model.num_layers": 4}
     none = plan.activation_bytes(tiny_config(**base), plan.model_config(tiny_config(**base)), 2, 64)

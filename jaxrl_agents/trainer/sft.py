@@ -86,7 +86,8 @@ class SFTTrainer:
     `keep_best` the policy ends with the parameters of the epoch of lowest validation loss
     (early stopping without cutting the history short). `grad_accum` splits each batch
     into that many micro-batches, one alive at a time (the step is the same; the memory of
-    the activations is divided).
+    the activations is divided). `optimizer_state`: Adam's moments in float32 or int8
+    (`optim.adam`).
     """
 
     def __init__(
@@ -105,6 +106,7 @@ class SFTTrainer:
         length_buckets: Sequence[int] = (128, 256, 512, 1024),
         choice_width: int | None = None,
         grad_accum: int = 1,
+        optimizer_state: str = "float32",
     ):
         if grad_accum < 1:
             raise ValueError(f"grad_accum must be >= 1, got {grad_accum}")
@@ -117,7 +119,8 @@ class SFTTrainer:
         self.target = target
         self.pad_id, self.length_buckets = pad_id, tuple(length_buckets)
         self.choice_width = choice_width  # set: trajectories' recorded choices restrict SFT
-        self.tx = optim.adam(optax.constant_schedule(learning_rate), max_grad_norm)
+        self.tx = optim.adam(optax.constant_schedule(learning_rate), max_grad_norm,
+                             state=optimizer_state)
         self.graphdef, _ = nnx.split(policy)
         self._step = jax.jit(functools.partial(_train_step, self.graphdef, self.tx, target,
                                                grad_accum))
@@ -138,6 +141,7 @@ class SFTTrainer:
             length_buckets=cfg.rollout.length_buckets,
             choice_width=cfg.rollout.choice_width if cfg.rollout.constrain_actions else None,
             grad_accum=cfg.sft.grad_accum,
+            optimizer_state=cfg.sft.optimizer_state,
         )
 
     def _pack(self, trajs: Sequence[Trajectory], row_multiple: int = 1) -> dict:

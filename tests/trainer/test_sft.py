@@ -30,10 +30,12 @@ def _copy_task(seed, n=12):
     return trajs
 
 
-def test_sft_loss_falls_and_validation_is_reported():
+@pytest.mark.parametrize("optimizer_state", ["float32", "int8"])
+def test_sft_loss_falls_and_validation_is_reported(optimizer_state):
     policy = tiny_policy(vocab_size=16)
     trainer = SFTTrainer(
-        policy, learning_rate=3e-3, batch_size=4, epochs=8, val_fraction=0.25, length_buckets=(16,)
+        policy, learning_rate=3e-3, batch_size=4, epochs=8, val_fraction=0.25, length_buckets=(16,),
+        optimizer_state=optimizer_state,
     )
     before = trainer.evaluate(nnx.state(policy), _copy_task(1))
     seen = []
