@@ -15,8 +15,10 @@ Both arms get 12 RL updates of 32 episodes (`rl.epochs` x `rl.episodes_per_epoch
 w4-o6-q8 quests take 8 moves, so episodes get 16 steps and up to 4096 tokens of context;
 a minibatch of 16 episodes goes through the learner as 4 micro-batches of 4
 (`jaxrl-plan` puts the training step's peak at ~6.3 GiB with that, against ~25 GiB
-without). One run is several times the demo's cost (longer episodes, twice the steps):
-expect over an hour each on a 2-core CPU, one at a time:
+without); the language-model warm-up and SFT are split the same way
+(`pretrain.grad_accum`, `sft.grad_accum`; the plan's peak is then 7.7 GiB). One run is
+several times the demo's cost (longer episodes, twice the steps): 77 min for the first
+one on a 2-core CPU; one at a time:
 
 jaxrl-sweep --sweep configs/sweeps/textworld_curriculum.py
 """
@@ -29,6 +31,10 @@ LONG_EPISODES = {
     "rollout.max_context": 4096,
     "rollout.length_buckets": (512, 1024, 1536, 2048, 3072, 4096),
     "rl.grad_accum": 4,
+    # The warm-up's 16 transcripts of up to 4096 tokens reached 18.4 GB resident in the
+    # seed-0 runs (session 12), made before these two lines; the steps are the same.
+    "pretrain.grad_accum": 4,
+    "sft.grad_accum": 2,
     "rl.episodes_per_epoch": 64,
     "rl.epochs": 6,
 }
