@@ -44,6 +44,9 @@ CURRICULUM = {
     "curriculum.stages": STAGES,
     "curriculum.eval_every_epochs": 1,
     "curriculum.eval_past_every_epochs": 0,
+    # Held-out play after SFT takes the first sft.eval_games held-out games, the stages in
+    # turn: 200 gives 100 of each, as the final evaluation (every held-out game) does.
+    "sft.eval_games": 200,
 }
 
 
