@@ -118,7 +118,7 @@ def accumulate_gradients(grad_fn, params, micro, weights):
     gives; micro: a tree of [A, ...] arrays (A micro-batches); weights: [A], each
     micro-batch's share of the whole batch's loss (they sum to 1 when the losses are means
     over the micro-batches, so that the sum is the whole batch's gradient).
-    Returns (grads, metrics stacked [A, ...]).
+    Returns (grads, metrics), the metrics summed over the micro-batches with the same weights.
     """
 
     def accumulate(grads_sum, mb_and_weight):
@@ -128,4 +128,5 @@ def accumulate_gradients(grad_fn, params, micro, weights):
         return grads_sum, metrics
 
     zeros = jax.tree.map(jnp.zeros_like, params)
-    return jax.lax.scan(accumulate, zeros, (micro, weights))
+    grads, metrics = jax.lax.scan(accumulate, zeros, (micro, weights))
+    return grads, jax.tree.map(lambda m: jnp.sum(weights * m), metrics)

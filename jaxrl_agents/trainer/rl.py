@@ -365,7 +365,6 @@ def train_step(hp, graphdef, tx, state: LearnerState, micro: dict, kl_coef, poli
         grads,
         optim.actor_critic_labels(grads),
     )
-    metrics = jax.tree.map(lambda m: jnp.sum(weights * m), metrics)
     finite = _tree_all_finite(grads) & jnp.isfinite(metrics["losses/total"])
     new_params, new_master, new_opt = apply_gradients(
         tx, grads, state.opt_state, state.params, state.master

@@ -63,7 +63,6 @@ def _train_step(graphdef, tx, target, grad_accum, params, opt_state, batch):
                                  has_aux=True)
     grads, metrics = optim.accumulate_gradients(grad_fn, params, micro, weights)
     updates, opt_state = tx.update(grads, opt_state, params)
-    metrics = jax.tree.map(lambda m: jnp.sum(weights * m), metrics)
     return optax.apply_updates(params, updates), opt_state, metrics
 
 
