@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 import jax
 import numpy as np
 
+from jaxrl_agents import compile_cache
 from jaxrl_agents.data.trajectory import ACTION, PROMPT, Trajectory
 from jaxrl_agents.rewards import TURN_INFO_KEYS
 from jaxrl_agents.rollout.render import DEFAULT_SYSTEM_PROMPT, Renderer
@@ -294,6 +295,7 @@ class EpisodeDriver:
         if len(env_ids) % self.group_size:
             raise ValueError(f"{len(env_ids)} env ids are not a whole number of groups of "
                              f"group_size={self.group_size}")
+        compile_cache.release_if_near_limit()
         timer = _Timer()
         self._calls = 0  # sampling keys are fold_in(key, call number): reproducible runs
         episodes = self._reset(env_ids, seeds, timer)

@@ -21,7 +21,7 @@ import numpy as np
 from flax import nnx
 
 from envs.action_space import ActionStaging
-from jaxrl_agents import distributed, monitors, reward_model
+from jaxrl_agents import compile_cache, distributed, monitors, reward_model
 from jaxrl_agents import rewards as reward_lib
 from jaxrl_agents.checkpoint import Checkpointer
 from jaxrl_agents.data.selection import filter_groups
@@ -334,6 +334,7 @@ class Trainer:
         rollout_s = time.perf_counter() - start
         stats = dict(self.rollout_stats)
         key = jax.random.fold_in(jax.random.fold_in(self.key, update), 1)
+        compile_cache.release_if_near_limit()
         self.state, metrics = self.learner.update(self.state, batch, key)
         self._sync_policy()
         update_s = time.perf_counter() - start - rollout_s
