@@ -153,20 +153,28 @@ def _plain_json(obj, key: str = "meta"):
 
 
 class Checkpointer:
-    """Keeps the last `keep` checkpoints of a run under `directory`.
+    """Keeps the last `keep` checkpoints of a run under `directory`, and the steps of
+    `always_keep`.
 
     Args:
       directory: where the step directories go (created).
-      keep: number of checkpoints kept; older ones are deleted after a save.
+      keep: number of latest checkpoints kept; older ones are deleted after a save.
+      always_keep: steps never deleted (the trainer keeps step 0, the policy after SFT,
+        which `jaxrl-eval --step 0` compares against).
       async_save: write in a background thread (see `wait`).
     """
 
-    def __init__(self, directory: str, keep: int = 3, *, async_save: bool = True):
+    def __init__(self, directory: str, keep: int = 3, *, always_keep: tuple[int, ...] = (),
+                 async_save: bool = True):
         if keep < 1:
             raise ValueError(f"checkpoint keep must be >= 1; got {keep}")
         self.directory = os.path.abspath(directory)
+        policy = ocp.checkpoint_managers.LatestN(n=keep)
+        if always_keep:
+            policy = ocp.checkpoint_managers.AnyPreservationPolicy(
+                [policy, ocp.checkpoint_managers.CustomSteps([int(s) for s in always_keep])])
         options = ocp.CheckpointManagerOptions(
-            preservation_policy=ocp.checkpoint_managers.LatestN(n=keep),
+            preservation_policy=policy,
             create=True,
             cleanup_tmp_directories=True,
             enable_async_checkpointing=async_save,

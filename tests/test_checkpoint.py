@@ -113,6 +113,20 @@ def test_retention_and_errors(tmp_path):
         ckpt.restore(template={"w": jnp.zeros(4)})
     with pytest.raises(KeyError, match="'critic/w'"):
         ckpt.restore(template={"w": jnp.zeros(3), "critic": {"w": jnp.zeros(3)}})
+
+
+def test_always_kept_steps_survive_retention(tmp_path):
+    import jax.numpy as jnp
+
+    from jaxrl_agents.checkpoint import Checkpointer
+
+    ckpt = Checkpointer(str(tmp_path), keep=2, always_keep=(0,))
+    for step in range(0, 6):
+        assert ckpt.save(step, {"w": jnp.full(3, float(step))})
+    ckpt.wait()
+    assert ckpt.all_steps() == [0, 4, 5]
+    state, _ = ckpt.restore(0, template={"w": jnp.zeros(3)})
+    np.testing.assert_array_equal(state["w"], [0.0, 0.0, 0.0])
     with pytest.raises(TypeError, match="dict of pytrees"):
         ckpt.save(9, [jnp.zeros(3)])
     with pytest.raises(TypeError, match="meta.controller.fn"):

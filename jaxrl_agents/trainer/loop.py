@@ -111,7 +111,8 @@ class Trainer:
         self.reward_metrics = {}
         self.rollout_stats = {}
         self.checkpointer = Checkpointer(
-            os.path.join(self.run_dir, CHECKPOINT_DIR), keep=cfg.checkpoint.keep
+            os.path.join(self.run_dir, CHECKPOINT_DIR), keep=cfg.checkpoint.keep,
+            always_keep=(0,),  # the policy after SFT (or the initial one without SFT)
         )
         self.key = jax.random.key(cfg.seed)
         self.logger = None
