@@ -233,7 +233,7 @@ def get_config() -> ml_collections.ConfigDict:
     # --- checkpointing -----------------------------------------------------------------------
     c.checkpoint = ml_collections.ConfigDict()
     c.checkpoint.every = 10  # save every k updates (0 = only at the end)
-    c.checkpoint.keep = 3  # latest checkpoints kept on disk; step 0 (the policy after SFT) is kept too
+    c.checkpoint.keep = 3  # latest checkpoints kept; step 0 (after SFT) is kept as well
 
     c.lock()
     return c
