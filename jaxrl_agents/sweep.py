@@ -8,6 +8,7 @@ A sweep file (configs/sweeps/*.py) defines `get_sweep()` returning a plain dict:
             "config": "configs/toy_tiny.py",        # the base config
             "overrides": {"rl.epochs": 2},          # optional: set in every run
             "grid": {"rl.learning_rate": [3e-4, 1e-3], "seed": [0, 1]},
+            "report_task": "toy:count-2",           # optional: see below
         }
 
 `grid` (dotted key -> list of values) expands to the cartesian product, in the order the
@@ -22,6 +23,9 @@ parallel), skips runs that finished (their summary.json exists), resumes unfinis
 that have checkpoints, and keeps going when one fails; `summarize` / `format_table`
 / `plot_summary` report held-out success after SFT and after RL for every run;
 `existing_results` reports the runs on disk without running anything (`--report`).
+Runs evaluated on several tasks (a curriculum's stages) also hold per-task scores; with
+`report_task` the table and chart compare the runs on that task's entries ("sft:<task>",
+"rl:<task>"), falling back to a run's overall score where it played only that task.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ from concurrent.futures import ThreadPoolExecutor
 from jaxrl_agents.config import ConfigError, load_config, split_config_args
 from jaxrl_agents.logging import CHECKPOINT_DIR, EVAL_FILE, SUMMARY_FILE, _write_json_atomic
 
-SWEEP_KEYS = ("name", "config", "overrides", "grid", "runs")
+SWEEP_KEYS = ("name", "config", "overrides", "grid", "runs", "report_task")
 # Keys the sweep itself sets on every run; a sweep file may not override them.
 RESERVED_KEYS = ("output_dir", "name")
 MAX_NAME_LEN = 120  # longer derived run names are cut and given a hash suffix
@@ -69,6 +73,7 @@ class Sweep:
     name: str
     config: str  # path of the base config file
     runs: tuple[Run, ...]
+    report_task: str | None = None  # compare runs on this task's scores (see the docstring)
 
 
 # --- pure: names, overrides, expansion ---------------------------------------------------
@@ -145,6 +150,9 @@ def build_sweep(spec: Mapping) -> Sweep:
     for key in ("name", "config"):
         if not isinstance(spec.get(key), str) or not spec[key]:
             raise SweepError(f"sweep key {key!r} must be a non-empty string")
+    report_task = spec.get("report_task")
+    if report_task is not None and (not isinstance(report_task, str) or not report_task):
+        raise SweepError(f"sweep key 'report_task' must be a task name; got {report_task!r}")
     if safe_name(spec["name"]) != spec["name"]:
         raise SweepError(f"sweep name {spec['name']!r} is not file-safe; use [A-Za-z0-9._=,+-]")
     if ("grid" in spec) == ("runs" in spec):
@@ -180,7 +188,8 @@ def build_sweep(spec: Mapping) -> Sweep:
             raise SweepError(f"two runs are named {name!r}; give the runs distinct 'name's")
         seen.add(name)
         runs.append(Run(name=name, overrides={**common, **own}))
-    return Sweep(name=spec["name"], config=spec["config"], runs=tuple(runs))
+    return Sweep(name=spec["name"], config=spec["config"], runs=tuple(runs),
+                 report_task=report_task)
 
 
 def run_dir(root: str, sweep: Sweep, run: Run) -> str:
@@ -351,7 +360,14 @@ def summarize(sweep: Sweep, results: Sequence[dict]) -> dict:
         {**r, "overrides": by_name[r["name"]].overrides, **run_scores(r["run_dir"])}
         for r in results
     ]
-    return {"sweep": sweep.name, "config": sweep.config, "runs": rows}
+    return {"sweep": sweep.name, "config": sweep.config, "report_task": sweep.report_task,
+            "runs": rows}
+
+
+def reported_score(row: Mapping, stage: str, task: str | None) -> dict | None:
+    """A summary row's score for `stage` ("sft" / "rl"): its "<stage>:<task>" entry when
+    `task` is set and the run played several tasks, else its overall score."""
+    return (task and row.get(f"{stage}:{task}")) or row.get(stage)
 
 
 def _score_text(score: dict | None) -> str:
@@ -362,11 +378,14 @@ def _score_text(score: dict | None) -> str:
 
 def format_table(summary: Mapping) -> str:
     """One line per run: name, status, held-out success after SFT and after RL (95% CI)."""
-    header = ("run", "status", "success after SFT (95% CI)", "success after RL (95% CI)")
+    task = summary.get("report_task")
+    on = f" on {task}" if task else ""
+    header = ("run", "status", f"success after SFT{on} (95% CI)", f"success after RL{on} (95% CI)")
     rows = [header]
     for r in summary["runs"]:
         status = r["status"] if r["status"] != "failed" else f"failed ({r['exit_code']})"
-        rows.append((r["name"], status, _score_text(r.get("sft")), _score_text(r.get("rl"))))
+        rows.append((r["name"], status, _score_text(reported_score(r, "sft", task)),
+                     _score_text(reported_score(r, "rl", task))))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     return "\n".join(
         "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows
@@ -374,8 +393,10 @@ def format_table(summary: Mapping) -> str:
 
 
 def plot_summary(summary: Mapping, path: str) -> str | None:
-    """Bar chart of held-out success after SFT and after RL per run, 95% CIs as error
-    bars, written to `path` (PNG). None when no run has a score yet."""
+    """Bar chart of held-out success after SFT and after RL per run (on the sweep's
+    `report_task` where set), 95% CIs as error bars, written to `path` (PNG). None when
+    no run has a score yet."""
+    task = summary.get("report_task")
     runs = [r for r in summary["runs"] if r.get("sft") or r.get("rl")]
     if not runs:
         return None
@@ -389,7 +410,7 @@ def plot_summary(summary: Mapping, path: str) -> str | None:
     for offset, stage, color in ((-width / 2, "sft", "#9ab"), (width / 2, "rl", "#357")):
         xs, means, errs = [], [], [[], []]
         for i, r in enumerate(runs):
-            score = r.get(stage)
+            score = reported_score(r, stage, task)
             if not score:
                 continue
             xs.append(i + offset)
@@ -398,7 +419,7 @@ def plot_summary(summary: Mapping, path: str) -> str | None:
             errs[1].append(score["ci_high"] - score["mean"])
         ax.bar(xs, means, width, yerr=errs, capsize=3, color=color, label=f"after {stage.upper()}")
     ax.set_xticks(range(len(runs)), [r["name"] for r in runs], rotation=20, ha="right", fontsize=8)
-    ax.set_ylabel("held-out success (95% CI)")
+    ax.set_ylabel(f"held-out success{f' on {task}' if task else ''} (95% CI)", fontsize=9)
     ax.set_ylim(0, 1)
     ax.set_title(summary["sweep"], fontsize=10)
     ax.legend(fontsize=8)

@@ -295,6 +295,35 @@ def test_a_report_keeps_the_per_task_scores(tmp_path):
     assert scores == dict.fromkeys(("sft", "rl", "rl:toy:count-2", "sft:toy:guess-2"), kept)
 
 
+def test_a_report_task_compares_runs_on_that_task(tmp_path, capsys):
+    """With report_task, a run that played several tasks is shown by that task's entry and
+    a run that played only that task by its overall score."""
+    spec = {"name": "s", "config": TOY, "runs": [{"name": "one"}, {"name": "two"}],
+            "report_task": "toy:count-4"}  # fmt: skip
+    path = _write_sweep(tmp_path, spec)
+    out = tmp_path / "out"
+    score = lambda m: {"mean": m, "ci_low": m - 0.1, "ci_high": m + 0.1, "n": 100}  # noqa: E731
+    evals = {"one": {"sft": score(0.2), "rl": score(0.3)},
+             "two": {"sft": score(0.5), "rl": score(0.6), "sft:toy:count-2": score(0.8),
+                     "sft:toy:count-4": score(0.25), "rl:toy:count-4": score(0.35)}}  # fmt: skip
+    for name, e in evals.items():
+        (out / "s" / name).mkdir(parents=True)
+        (out / "s" / name / "eval.json").write_text(json.dumps(e))
+        (out / "s" / name / "summary.json").write_text("{}")
+    assert sweep_main(["--sweep", path, "--output-dir", str(out), "--report"]) == 0
+    printed = capsys.readouterr().out
+    assert "after RL on toy:count-4" in printed
+    rows = [line for line in printed.splitlines() if line.startswith(("one", "two"))]
+    lines = {line.split()[0]: line for line in rows}
+    assert "0.300 (0.200-0.400" in lines["one"] and "0.350 (0.250-0.450" in lines["two"]
+    assert "0.600" not in lines["two"]
+    summary = json.loads((out / "s" / "summary.json").read_text())
+    assert summary["report_task"] == "toy:count-4"
+    assert (out / "s" / "success.png").read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(sweep_lib.SweepError, match="report_task"):
+        sweep_lib.build_sweep({**spec, "report_task": 3})
+
+
 # --- a real local sweep ------------------------------------------------------------------
 
 
