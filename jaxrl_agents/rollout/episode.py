@@ -445,12 +445,8 @@ class EpisodeDriver:
 
     def _action_room(self, choices) -> int:
         """Tokens an action may take: `max_action_tokens`, or more when an offered command
-        is longer (constrained decoding never cuts a command), rounded up to a multiple of 8
-        (each length is a compiled program)."""
-        longest = max((len(c) for c in choices or ()), default=0)
-        if longest <= self.max_action_tokens:
-            return self.max_action_tokens
-        return -(-longest // 8) * 8
+        is longer (constrained decoding never cuts a command)."""
+        return max([self.max_action_tokens] + [len(c) for c in choices or ()])
 
     def _choices_of(self, ep: _Episode) -> list[list[int]]:
         """The commands offered in the episode's current state, as action token ids."""

@@ -54,7 +54,11 @@ _MASKED = -1e30  # added to masked attention scores, as in the model
 PREFILL_BUCKETS = (16, 32, 64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
 CACHE_BUCKETS = (128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-CHOICE_BUCKETS = (8, 16, 32, 64, 128, 256)  # commands offered per row (constrained decoding)
+# Commands offered per row (constrained decoding). Coarse: the per-step constraint costs
+# little at any width, while every width is one more compiled program per shape.
+CHOICE_BUCKETS = (16, 64, 256)
+# Tokens a call may decode, as compiled: the call's own `max_new` is a traced limit under it.
+DECODE_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048)
 # Attention reads the smallest of up to 4 cache prefixes (S, S/2, S/4, S/8, none under
 # 128 slots) that holds the filled slots: a prefill picks one (`cached_attention`), the
 # decode loop runs in phases, one per prefix (`_extend`).
@@ -347,22 +351,22 @@ def _forward(model, weights, ids_bt, positions_bt, cache: LayerCache, cache_inde
     return model.logits(model.final_norm(x)), tuple(new_cache)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "max_new", "sampling", "choice_width"),
+@functools.partial(jax.jit, static_argnames=("graphdef", "width", "sampling", "choice_width"),
                    donate_argnames=("cache", "cache_mask"))
 def _extend(graphdef, params, cache, cache_mask, cache_index, chunk_ids, chunk_mask, lengths,
-            key, stop_table, allowed, choice_ids, *, max_new: int, sampling: SamplingParams,
+            key, stop_table, allowed, choice_ids, max_new, *, width: int, sampling: SamplingParams,
             choice_width: int):
     """Prefill a left-padded chunk [B, P] at slots [cache_index, cache_index + P), then
     decode up to `max_new` tokens at the slots after it.
 
     Rows whose chunk is all padding do not decode. A row stops after a token with
-    `stop_table[token]` or after `max_new` tokens; tokens with `allowed[token]` False are
-    never drawn; with `choice_ids` [B, C, L] (-1 padded; None: no constraint, and no
-    per-step masking work) a row only draws tokens that continue one of its commands
-    (`choice_constraint`). Every sampled
-    token (the stopping one too) is written to the cache, so the next chunk starts right
-    after it.
-    Returns (tokens, raw logp, sampling logp [B, M], counts [B], cache, cache_mask,
+    `stop_table[token]` or after `max_new` tokens (a traced limit, at most the static `width`
+    of the token buffers, so calls with different limits share a program). Tokens with
+    `allowed[token]` False are never drawn; with `choice_ids` [B, C, width] (-1 padded;
+    None: no constraint, and no per-step masking work) a row only draws tokens that continue
+    one of its commands (`choice_constraint`). Every sampled token (the stopping one too)
+    is written to the cache, so the next chunk starts right after it.
+    Returns (tokens, raw logp, sampling logp [B, width], counts [B], cache, cache_mask,
     lengths [B], decode steps taken).
     """
     model = nnx.merge(graphdef, params)
@@ -422,9 +426,9 @@ def _extend(graphdef, params, cache, cache_mask, cache_index, chunk_ids, chunk_m
         cache_mask = jax.lax.dynamic_update_slice(cache_mask, head_mask, (0, 0))
         return (i, logits, cache, cache_mask, *rest)
 
-    zeros = jnp.zeros((b, max_new), jnp.float32)
+    zeros = jnp.zeros((b, width), jnp.float32)
     carry = (jnp.int32(0), logits[:, -1], cache, cache_mask, lengths, done, key,
-             jnp.zeros((b, max_new), jnp.int32), zeros, zeros,
+             jnp.zeros((b, width), jnp.int32), zeros, zeros,
              jnp.zeros((b, 0), bool) if choice_ids is None else choice_ids[:, :, 0] >= 0)
     # Decode in phases over growing cache prefixes (`_prefix_sizes`): a step reads only the
     # prefix it writes into, and a prefix is cut and written back once per phase rather than
@@ -601,7 +605,8 @@ class Sampler:
             if len(chunk):
                 ids[row, p - len(chunk):] = chunk
                 mask[row, p - len(chunk):] = True
-        state = self.ensure_room(state, p + max_new)
+        width = bucket(int(max_new), DECODE_BUCKETS)
+        state = self.ensure_room(state, p + width)
         graphdef, params = nnx.split(self.model)
         if key is None:
             key = jax.random.key(0)
@@ -609,23 +614,24 @@ class Sampler:
             graphdef, params, state.cache, state.cache_mask, jnp.int32(state.cache_index),
             self._place_rows(ids), self._place_rows(mask), self._place_rows(state.lengths),
             key, self._stop_table, self._allowed,
-            self._choice_array(choices, state.batch, max_new),
-            max_new=int(max_new), sampling=sampling, choice_width=int(choice_width))
+            self._choice_array(choices, state.batch, max_new, width), jnp.int32(max_new),
+            width=width, sampling=sampling, choice_width=int(choice_width))
         toks, lp_raw, lp_samp, counts, lengths, steps = jax.device_get(
             (toks, lp_raw, lp_samp, counts, lengths, steps))
         new_state = DecodeState(cache, cache_mask, state.cache_index + p + int(steps),
                                 np.asarray(lengths, np.int32))
-        return new_state, ChunkOutput(toks, lp_raw, lp_samp, np.asarray(counts))
+        return new_state, ChunkOutput(toks[:, :max_new], lp_raw[:, :max_new],
+                                      lp_samp[:, :max_new], np.asarray(counts))
 
-    def _choice_array(self, choices, batch: int, max_new: int):
-        """[B, C, max_new] int32 of the rows' commands (-1 padded), placed like the rows;
-        None when no row has any."""
+    def _choice_array(self, choices, batch: int, max_new: int, width: int):
+        """[B, C, width] int32 of the rows' commands (at most `max_new` tokens each, -1
+        padded), placed like the rows; None when no row has any."""
         if not choices or not any(choices):
             return None
         if len(choices) != batch:
             raise ValueError(f"extend(): {len(choices)} choice lists for {batch} rows")
-        width = bucket(max(len(c or ()) for c in choices), CHOICE_BUCKETS)
-        out = np.full((batch, width, max_new), -1, np.int32)
+        offered = bucket(max(len(c or ()) for c in choices), CHOICE_BUCKETS)
+        out = np.full((batch, offered, width), -1, np.int32)
         for row, commands in enumerate(choices):
             for k, ids in enumerate(commands or ()):
                 ids = list(ids)[:max_new]
@@ -644,7 +650,7 @@ class Sampler:
         batch = self.batch_size(len(prompts))
         chunks = list(prompts) + [[]] * (batch - len(prompts))
         longest = bucket(max(len(p) for p in prompts), self.prefill_buckets)
-        state = self.new_state(batch, longest + max_new_tokens)
+        state = self.new_state(batch, longest + bucket(max_new_tokens, DECODE_BUCKETS))
         _, out = self.extend(state, chunks, max_new_tokens, sampling, key)
         result = GenerationResult([], [], [])
         for row in range(len(prompts)):

@@ -11,7 +11,7 @@ import pytest
 
 from jaxrl_agents.config import ConfigError, load_config
 from jaxrl_agents.logging import read_metrics
-from jaxrl_agents.trainer.loop import train
+from jaxrl_agents.trainer.loop import even_chunk, train
 
 TIMING_KEYS = ("wall_time", "perf/", "rollout/wall_s", "rollout/model_s", "_frac")
 
@@ -213,3 +213,14 @@ def test_rl_success_rises_on_a_toy_task(tmp_path):
     first, last = sum(success[:3]) / 3, sum(success[-5:]) / 5
     assert first < 0.45, success
     assert last >= first + 0.25, success
+
+
+@pytest.mark.parametrize("n", [1, 4, 31, 32, 33, 100, 200])
+def test_evaluation_batches_are_even(n):
+    """Held-out games go in the fewest batches of at most 32 (episodes_per_batch), the last
+    short of the others by less than the number of batches (100 games: 4 x 25, not
+    3 x 32 + 4), so it falls in the same batch bucket and compiles no programs of its own."""
+    size = even_chunk(n, 32)
+    sizes = [min(size, n - start) for start in range(0, n, size)]
+    assert size <= 32 and len(sizes) == -(-n // 32) and sum(sizes) == n
+    assert size - sizes[-1] < len(sizes)
