@@ -29,10 +29,25 @@ def median_seconds(fn, *, repeats=5, warmup=1, min_time=0.0):
     return statistics.median(_times(fn, repeats, warmup, min_time))
 
 
-def best_seconds(fn, *, repeats=5, warmup=1, min_time=0.0):
-    """Like `median_seconds`, but the fastest run: on a shared, noisy machine the least
-    disturbed run is the steadiest estimate of what the code itself costs."""
-    return min(_times(fn, repeats, warmup, min_time))
+def best_seconds_interleaved(contestants, *, repeats=5, warmup=1):
+    """The fastest run of each contestant, timed in turns: repeat r runs every contestant
+    once before repeat r + 1 starts, so a burst of load from elsewhere on a shared machine
+    slows one turn of each rather than all the runs of one.
+
+    contestants: {name: fn} or {name: (setup, fn)}; `setup()` runs untimed before each
+    `fn()` (e.g. torch.set_num_threads). Returns {name: seconds}.
+    """
+    pairs = {k: v if isinstance(v, tuple) else (None, v) for k, v in contestants.items()}
+    best = dict.fromkeys(pairs, float("inf"))
+    for turn in range(warmup + repeats):
+        for name, (setup, fn) in pairs.items():
+            if setup is not None:
+                setup()
+            start = time.perf_counter()
+            fn()
+            if turn >= warmup:
+                best[name] = min(best[name], time.perf_counter() - start)
+    return best
 
 
 def copy_bandwidth_gbs(megabytes=256):

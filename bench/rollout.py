@@ -35,7 +35,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
-from bench.common import best_seconds, table  # noqa: E402
+from bench.common import best_seconds_interleaved, table  # noqa: E402
 from jaxrl_agents import sharding  # noqa: E402
 from jaxrl_agents.models import hf_io  # noqa: E402
 from jaxrl_agents.rollout import Sampler, SamplingParams  # noqa: E402
@@ -70,9 +70,10 @@ def torch_generate(model, prompts: np.ndarray):
 
 
 def decode_throughput(repeats: int):
-    """Ours on one device and over one device per core, vs torch with its default threads,
-    then vs torch on one thread (on a small, shared CPU torch's thread pool can lose more to
-    contention than it gains)."""
+    """Ours on one device and over one device per core, vs torch with its default threads
+    and vs torch on one thread (on a small, shared CPU torch's thread pool can lose more to
+    contention than it gains). Per batch the four are timed in turns
+    (`best_seconds_interleaved`), so load from elsewhere does not fall on one side only."""
     default_threads = torch.get_num_threads()
     devices = jax.device_count()
     batches = (1, 8, 32)
@@ -86,18 +87,19 @@ def decode_throughput(repeats: int):
             mesh = sharding.make_mesh({"data": devices, "fsdp": 1, "tensor": 1})
             samplers[devices] = Sampler(sharding.shard_params(hf_io.load(tmp)[0], mesh),
                                         mesh=mesh)
-        for n, sampler in samplers.items():
-            for b in batches:
-                if b % n:
-                    continue  # a batch the devices cannot share evenly
-                run = lambda p=prompts[b], s=sampler: s.generate(p.tolist(), NEW_TOKENS,
-                                                                  SamplingParams())
-                ours[b, n] = best_seconds(run, repeats=repeats, warmup=1)
-        for threads in (default_threads, 1):
-            torch.set_num_threads(threads)
-            for b in batches:
-                run = lambda p=prompts[b]: torch_generate(torch_model, p)
-                theirs[b, threads] = best_seconds(run, repeats=repeats, warmup=1)
+        for b in batches:
+            contestants = {
+                ("ours", n): lambda p=prompts[b], s=sampler: s.generate(
+                    p.tolist(), NEW_TOKENS, SamplingParams())
+                for n, sampler in samplers.items() if b % n == 0  # devices share it evenly
+            }
+            for threads in (default_threads, 1):
+                contestants["torch", threads] = (
+                    lambda t=threads: torch.set_num_threads(t),
+                    lambda p=prompts[b]: torch_generate(torch_model, p))
+            for (side, n), seconds in best_seconds_interleaved(
+                    contestants, repeats=repeats, warmup=1).items():
+                (ours if side == "ours" else theirs)[b, n] = seconds
         torch.set_num_threads(default_threads)
     rows = []
     for b in batches:
