@@ -1,4 +1,4 @@
-"""Sparse vs dense rewards on the TextWorld demo, two seeds each (four runs).
+"""Sparse vs dense rewards on the TextWorld demo, three seeds each (six runs).
 
 jaxrl-sweep --sweep configs/sweeps/textworld_density.py --parallel 2
 """
@@ -8,5 +8,5 @@ def get_sweep():
     return {
         "name": "textworld_density",
         "config": "configs/textworld_tiny.py",
-        "grid": {"env.reward_density": ["sparse", "dense"], "seed": [0, 1]},
+        "grid": {"env.reward_density": ["sparse", "dense"], "seed": [0, 1, 2]},
     }

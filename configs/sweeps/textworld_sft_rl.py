@@ -10,7 +10,7 @@ jaxrl-sweep --sweep configs/sweeps/textworld_sft_rl.py --parallel 2
 
 def get_sweep():
     runs = []
-    for seed in (0, 1):
+    for seed in (0, 1, 2):
         runs.append({"name": f"sft_rl,seed={seed}", "seed": seed})
         runs.append(
             {
