@@ -181,7 +181,7 @@ def test_print_commands_gives_one_train_line_per_run(tmp_path, capsys):
 
 def test_the_console_script_prints_the_repo_sweeps(tmp_path):
     script = os.path.join(os.path.dirname(sys.executable), "jaxrl-sweep")
-    for name, runs in (("toy_lr", 2), ("textworld_density", 4)):
+    for name, runs in (("toy_lr", 2), ("textworld_density", 6)):
         done = subprocess.run(
             [script, "--sweep", f"configs/sweeps/{name}.py", "--print-commands"],
             capture_output=True,
@@ -196,8 +196,10 @@ def test_the_console_script_prints_the_repo_sweeps(tmp_path):
     assert {(r.overrides["env.reward_density"], r.overrides["seed"]) for r in density.runs} == {
         ("sparse", 0),
         ("sparse", 1),
+        ("sparse", 2),
         ("dense", 0),
         ("dense", 1),
+        ("dense", 2),
     }
 
 
