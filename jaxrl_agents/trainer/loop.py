@@ -54,7 +54,7 @@ class Progress:
     """Loop counters saved with each checkpoint (JSON)."""
 
     update: int = 0  # RL updates done
-    sft_done: bool = False
+    sft_done: bool = False  # the supervised phases (LM warm-up and / or SFT) are done
     groups_used: int = 0  # the driver's group-id counter
 
 
@@ -376,12 +376,16 @@ class Trainer:
         )
         self.logger.save_config(cfg)
         summary = {}
-        if cfg.sft.enabled and not self.progress.sft_done:
+        supervised = cfg.sft.enabled or cfg.pretrain.episodes_per_task > 0
+        if supervised and not self.progress.sft_done:
+            # The warm-up runs whenever it is configured, with or without SFT after it.
             if cfg.pretrain.episodes_per_task:
                 summary["pretrain"] = self.run_pretrain()
-            summary["sft"] = self.run_sft()
+            if cfg.sft.enabled:
+                summary["sft"] = self.run_sft()
             self._agree_on_policy()
-            # The reference policy is the SFT policy; optimizer state starts fresh.
+            # The reference policy is the policy after these phases; optimizer state starts
+            # fresh.
             self.state = self.learner.init_state(self.actor_critic)
             self.progress.sft_done = True
             self._save()
