@@ -214,7 +214,7 @@ def _run_configs(path, tmp_path):
 
 
 def test_the_alfworld_mix_sweep_tests_both_arms_on_every_type(tmp_path):
-    """Single type vs a mix of the six, two seeds each; every run's layout holds the 50
+    """Single type vs a mix of the six, three seeds each; every run's layout holds the 50
     held-out games of all six types, and trains on one type or on all six."""
     from jaxrl_agents.trainer.setup import EnvLayout
 
@@ -226,7 +226,7 @@ def test_the_alfworld_mix_sweep_tests_both_arms_on_every_type(tmp_path):
         trained = sorted(k for k, g in layout.groups.items() if g.train_tasks)
         arms.setdefault(run.name.split(",")[0], []).append((cfg.seed, trained, layout.num_train))
     single, mix = arms.pop("single"), arms.pop("mix")
-    assert not arms and [s[0] for s in single] == [s[0] for s in mix] == [0, 1]
+    assert not arms and [s[0] for s in single] == [s[0] for s in mix] == [0, 1, 2]
     assert all(t == ["alfworld:pick_and_place_simple-3"] and n == 64 for _, t, n in single)
     assert all(len(t) == 6 and n == 66 for _, t, n in mix)
 

@@ -1,5 +1,5 @@
 """ALFWorld: training on a mix of the six task types vs on one type, tested on each type
-(the paper's claim 5); two seeds each, four runs of configs/alfworld_tiny.py.
+(the paper's claim 5); three seeds each, six runs of configs/alfworld_tiny.py.
 
 `single` trains on pick_and_place_simple only; `mix` draws every batch from the six types
 with equal weights (no core share) and has 11 training games per type (66 in all against
@@ -26,7 +26,7 @@ MIX = {
 
 def get_sweep():
     runs = []
-    for seed in (0, 1):
+    for seed in (0, 1, 2):
         runs.append({"name": f"single,seed={seed}", "seed": seed})
         runs.append({"name": f"mix,seed={seed}", "seed": seed, **MIX})
     return {
