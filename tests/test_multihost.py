@@ -22,8 +22,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 UPDATES = 3
 EPISODES = 8
-TIMEOUT_S = 1800  # a hung collective fails the test instead of blocking the suite (generous:
-# on a loaded 2-core machine the three processes took over 600 s)
+TIMEOUT_S = 600  # a hung collective fails the test instead of blocking the suite
 
 
 # -- the worker (runs in a child process)
