@@ -231,8 +231,22 @@ def test_the_alfworld_mix_sweep_tests_both_arms_on_every_type(tmp_path):
     assert all(len(t) == 6 and n == 66 for _, t, n in mix)
 
 
+def test_the_complexity_sweep_trains_and_tests_each_config_alone(tmp_path):
+    """Claim 2: w2-o12-q4 (objects) and w8-o3-q4 (rooms), three seeds each; every run
+    trains and is tested on its own config's 100 held-out games."""
+    from jaxrl_agents.trainer.setup import EnvLayout
+
+    seeds = {}
+    for run, cfg in _run_configs("configs/sweeps/textworld_complexity.py", tmp_path):
+        groups = EnvLayout(cfg).groups
+        assert list(groups) == [f"textworld:{cfg.env.name}"], run.name
+        assert len(groups[f"textworld:{cfg.env.name}"].eval_ids) == 100, run.name
+        seeds.setdefault(cfg.env.name, []).append(cfg.seed)
+    assert seeds == {"w2-o12-q4": [0, 1, 2], "w8-o3-q4": [0, 1, 2]}
+
+
 def test_the_curriculum_sweep_tests_both_arms_on_w4_o6_q8(tmp_path):
-    """Claim 1: direct training on w4-o6-q8 vs a curriculum from w2-o3-q4, two seeds each;
+    """Claim 1: direct training on w4-o6-q8 vs a curriculum from w2-o3-q4, three seeds each;
     both arms hold the 100 held-out w4-o6-q8 games, fit 16-step episodes in the context and
     split each minibatch into micro-batches."""
     from jaxrl_agents.trainer.setup import EnvLayout
@@ -248,7 +262,7 @@ def test_the_curriculum_sweep_tests_both_arms_on_w4_o6_q8(tmp_path):
         assert cfg.rl.epochs * cfg.rl.episodes_per_epoch // cfg.rollout.episodes_per_batch == 12
         arms.setdefault(run.name.split(",")[0], []).append((cfg.seed, sorted(groups)))
     direct, curriculum = arms.pop("direct"), arms.pop("curriculum")
-    assert not arms and [d[0] for d in direct] == [c[0] for c in curriculum] == [0, 1]
+    assert not arms and [d[0] for d in direct] == [c[0] for c in curriculum] == [0, 1, 2]
     assert all(g == ["textworld:w4-o6-q8"] for _, g in direct)
     assert all(g == ["textworld:w2-o3-q4", "textworld:w4-o6-q8"] for _, g in curriculum)
 

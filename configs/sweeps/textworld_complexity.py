@@ -1,5 +1,5 @@
 """Object complexity vs spatial complexity (the paper's claim 2): the demo recipe trained
-and tested on w2-o12-q4 (many objects) and on w8-o3-q4 (many rooms), two seeds each.
+and tested on w2-o12-q4 (many objects) and on w8-o3-q4 (many rooms), three seeds each.
 
 jaxrl-sweep --sweep configs/sweeps/textworld_complexity.py
 
@@ -11,5 +11,5 @@ def get_sweep():
     return {
         "name": "textworld_complexity",
         "config": "configs/textworld_tiny.py",
-        "grid": {"env.name": ["w2-o12-q4", "w8-o3-q4"], "seed": [0, 1]},
+        "grid": {"env.name": ["w2-o12-q4", "w8-o3-q4"], "seed": [0, 1, 2]},
     }

@@ -1,5 +1,5 @@
-"""A curriculum from w2-o3-q4 vs training directly on w4-o6-q8 (the paper's claim 1), two
-seeds each, four runs of configs/textworld_tiny.py (the demo's recipe).
+"""A curriculum from w2-o3-q4 vs training directly on w4-o6-q8 (the paper's claim 1), three
+seeds each, six runs of configs/textworld_tiny.py (the demo's recipe).
 
 Both arms are tested on the 100 held-out w4-o6-q8 games (`env.name`); `curriculum` also
 plays the held-out w2-o3-q4 games, so its eval.json holds "sft:<task>" / "rl:<task>" per
@@ -53,7 +53,7 @@ CURRICULUM = {
 
 def get_sweep():
     runs = []
-    for seed in (0, 1):
+    for seed in (0, 1, 2):
         runs.append({"name": f"direct,seed={seed}", "seed": seed})
         runs.append({"name": f"curriculum,seed={seed}", "seed": seed, **CURRICULUM})
     return {
