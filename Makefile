@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv install test bench lint demo clean
+.PHONY: venv install test bench lint demo results clean
 
 venv: $(STAMP)
 
@@ -30,6 +30,19 @@ lint: $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/jaxrl-train --config configs/textworld_tiny.py
+
+# The sweeps behind docs/results.md. `make results` redraws each one's table and chart
+# from the runs on this machine, taking runs made elsewhere from its record in
+# docs/results/sweeps/, and writes the merged record and chart back there.
+SWEEPS := textworld_density textworld_sft_rl textworld_complexity textworld_curriculum alfworld_mix
+
+results: $(STAMP)
+	@for s in $(SWEEPS); do \
+	  $(VENV)/bin/jaxrl-sweep --sweep configs/sweeps/$$s.py --report \
+	    --earlier docs/results/sweeps/$$s.json || exit 1; \
+	  cp runs/$$s/summary.json docs/results/sweeps/$$s.json; \
+	  cp runs/$$s/success.png docs/results/sweeps/$$s.png; \
+	done
 
 clean:
 	rm -rf $(VENV) build *.egg-info

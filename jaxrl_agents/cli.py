@@ -141,6 +141,7 @@ SWEEP_HELP = """Run a sweep: one base config, many runs (see jaxrl_agents/sweep.
 
   jaxrl-sweep --sweep configs/sweeps/toy_lr.py [--parallel N] [--print-commands] [--dry-run]
   jaxrl-sweep --sweep configs/sweeps/toy_lr.py --report   # summarize the runs on disk
+  jaxrl-sweep --sweep FILE --report --earlier OLD/summary.json  # runs not here from OLD
 
 Every run's config is checked before anything starts. Runs go to
 <output_dir>/<sweep>/<run>/ (their output in train.log there); finished runs are skipped
@@ -171,6 +172,10 @@ def sweep_main(argv=None) -> int:
         "--report", action="store_true",
         help="run nothing: summarize (table, summary.json, success.png) the runs on disk",
     )
+    parser.add_argument(
+        "--earlier", metavar="SUMMARY",
+        help="a summary.json of this sweep made elsewhere: runs missing here are taken from it",
+    )
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if args.parallel < 1:
         parser.error("--parallel must be at least 1")
@@ -180,6 +185,7 @@ def sweep_main(argv=None) -> int:
         sweep = sweep_lib.load_sweep(args.sweep)
         root = args.output_dir or sweep_lib.default_root(sweep)
         sweep_lib.validate(sweep, root)
+        earlier = sweep_lib.load_earlier(args.earlier, sweep) if args.earlier else None
     except ConfigError as err:
         print(f"jaxrl-sweep: {err}", file=sys.stderr)
         return 2
@@ -194,6 +200,8 @@ def sweep_main(argv=None) -> int:
     else:
         results = sweep_lib.run_sweep(sweep, root, parallel=args.parallel)
     summary = sweep_lib.summarize(sweep, results)
+    if earlier:
+        summary = sweep_lib.with_earlier_runs(summary, earlier)
     path = sweep_lib.write_summary(summary, root)
     print(sweep_lib.format_table(summary))
     print(f"sweep summary: {path}")

@@ -364,6 +364,33 @@ def summarize(sweep: Sweep, results: Sequence[dict]) -> dict:
             "runs": rows}
 
 
+def load_earlier(path: str, sweep: Sweep) -> dict:
+    """Another summary.json of `sweep` (e.g. one kept in the repository from runs made on
+    other machines); a SweepError if it cannot be read or is of another sweep."""
+    try:
+        with open(path) as f:
+            earlier = json.load(f)
+    except (OSError, ValueError) as err:
+        raise SweepError(f"cannot read the earlier summary {path}: {err}") from None
+    if not isinstance(earlier, dict) or earlier.get("sweep") != sweep.name:
+        found = earlier.get("sweep") if isinstance(earlier, dict) else None
+        raise SweepError(f"{path} is a summary of sweep {found!r}, not {sweep.name!r}")
+    return earlier
+
+
+def with_earlier_runs(summary: Mapping, earlier: Mapping) -> dict:
+    """`summary` with each run that has no score here (no run directory, or an unfinished
+    one) taken from `earlier` (see `load_earlier`) when it has one there, marked status
+    "earlier". Runs the sweep no longer lists are not taken."""
+    kept = {r["name"]: r for r in earlier.get("runs", ()) if r.get("sft") or r.get("rl")}
+    rows = []
+    for row in summary["runs"]:
+        if not (row.get("sft") or row.get("rl")) and row["name"] in kept:
+            row = {**kept[row["name"]], "status": "earlier"}
+        rows.append(row)
+    return {**summary, "runs": rows}
+
+
 def reported_score(row: Mapping, stage: str, task: str | None) -> dict | None:
     """A summary row's score for `stage` ("sft" / "rl"): its "<stage>:<task>" entry when
     `task` is set and the run played several tasks, else its overall score."""

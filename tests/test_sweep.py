@@ -301,6 +301,38 @@ def test_report_summarizes_the_runs_on_disk_and_runs_none(tmp_path, capsys):
     assert (out / "s" / "success.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_a_report_takes_runs_missing_here_from_an_earlier_summary(tmp_path, capsys):
+    """Runs made on other machines come from --earlier; a run with a score here keeps its
+    own, and a summary of another sweep is refused before anything is written."""
+    spec = {"name": "s", "config": TOY, "runs": [{"name": n} for n in ("a", "b", "c")]}
+    path = _write_sweep(tmp_path, spec)
+    out = tmp_path / "out"
+    score = lambda m: {"mean": m, "ci_low": m - 0.1, "ci_high": m + 0.1, "n": 100}  # noqa: E731
+    (out / "s" / "a").mkdir(parents=True)
+    (out / "s" / "a" / "eval.json").write_text(json.dumps({"sft": score(0.6), "rl": score(0.7)}))
+    (out / "s" / "a" / "summary.json").write_text("{}")
+    old = {"sweep": "s", "runs": [
+        {"name": "a", "status": "done", "sft": score(0.1), "rl": score(0.1)},
+        {"name": "b", "status": "done", "sft": score(0.4), "rl": score(0.5)},
+        {"name": "gone", "status": "done", "sft": score(0.9)}]}  # fmt: skip
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    args = ["--sweep", path, "--output-dir", str(out), "--report"]
+    assert sweep_main([*args, "--earlier", str(tmp_path / "old.json")]) == 0
+    rows = {r["name"]: r for r in json.loads((out / "s" / "summary.json").read_text())["runs"]}
+    assert list(rows) == ["a", "b", "c"]
+    assert rows["a"]["status"] == "done" and rows["a"]["rl"] == score(0.7)
+    assert rows["b"]["status"] == "earlier" and rows["b"]["rl"] == score(0.5)
+    assert rows["c"]["status"] == "missing" and "rl" not in rows["c"]
+    assert "0.500 (0.400-0.600, n=100)" in capsys.readouterr().out
+
+    (tmp_path / "other.json").write_text(json.dumps({**old, "sweep": "t"}))
+    (out / "s" / "summary.json").unlink()
+    assert sweep_main([*args, "--earlier", str(tmp_path / "other.json")]) == 2
+    assert "not 's'" in capsys.readouterr().err
+    assert sweep_main([*args, "--earlier", str(tmp_path / "none.json")]) == 2
+    assert not (out / "s" / "summary.json").exists()
+
+
 def test_a_report_keeps_the_per_task_scores(tmp_path):
     score = {"mean": 0.5, "ci_low": 0.3, "ci_high": 0.7, "n": 20, "by_task": {}}
     kept = {k: score[k] for k in ("mean", "ci_low", "ci_high", "n")}
