@@ -146,8 +146,9 @@ SWEEP_HELP = """Run a sweep: one base config, many runs (see jaxrl_agents/sweep.
 Every run's config is checked before anything starts. Runs go to
 <output_dir>/<sweep>/<run>/ (their output in train.log there); finished runs are skipped
 and unfinished runs with checkpoints resumed. Ends with a table of held-out success per
-run, also written to <output_dir>/<sweep>/summary.json, and a bar chart of it
-(success.png there); exits 1 if any run failed.
+run and one per arm over its seeds (runs named alike but for "seed=N"), also written to
+<output_dir>/<sweep>/summary.json, and a bar chart of the runs (success.png there);
+exits 1 if any run failed.
 """
 
 
@@ -202,8 +203,10 @@ def sweep_main(argv=None) -> int:
     summary = sweep_lib.summarize(sweep, results)
     if earlier:
         summary = sweep_lib.with_earlier_runs(summary, earlier)
+    summary["over_seeds"] = sweep_lib.over_seeds(summary)
     path = sweep_lib.write_summary(summary, root)
     print(sweep_lib.format_table(summary))
+    print(sweep_lib.format_seed_table(summary["over_seeds"]))
     print(f"sweep summary: {path}")
     plot = sweep_lib.plot_summary(summary, os.path.join(os.path.dirname(path), sweep_lib.PLOT_FILE))
     if plot:

@@ -26,6 +26,9 @@ that have checkpoints, and keeps going when one fails; `summarize` / `format_tab
 Runs evaluated on several tasks (a curriculum's stages) also hold per-task scores; with
 `report_task` the table and chart compare the runs on that task's entries ("sft:<task>",
 "rl:<task>"), falling back to a run's overall score where it played only that task.
+`over_seeds` groups the runs into arms by name without their seed and gives each arm's
+mean over seeds, RL's gain over SFT and two arms' difference, paired by seed, with t
+intervals over the seeds (`jaxrl_agents/seed_stats.py`).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+from jaxrl_agents import seed_stats
 from jaxrl_agents.config import ConfigError, load_config, split_config_args
 from jaxrl_agents.logging import CHECKPOINT_DIR, EVAL_FILE, SUMMARY_FILE, _write_json_atomic
 
@@ -395,6 +399,80 @@ def reported_score(row: Mapping, stage: str, task: str | None) -> dict | None:
     """A summary row's score for `stage` ("sft" / "rl"): its "<stage>:<task>" entry when
     `task` is set and the run played several tasks, else its overall score."""
     return (task and row.get(f"{stage}:{task}")) or row.get(stage)
+
+
+STAGES = ("sft", "rl")
+
+
+def over_seeds(summary: Mapping) -> dict:
+    """The runs grouped into arms by name without their seed (`seed_stats.split_seed`):
+    {"arms": {arm: {stage: mean over seeds with a t interval and "per_seed"}},
+     "rl_gain": {arm: RL minus SFT, paired by seed},
+     "difference": {"first", "second", stage: second arm minus first, paired by seed}};
+    "difference" only when there are exactly two arms. Scores as in the table (on
+    `report_task` where set)."""
+    task = summary.get("report_task")
+    per_stage = {}
+    for stage in STAGES:
+        scores = {}
+        for row in summary["runs"]:
+            score = reported_score(row, stage, task)
+            if score:
+                scores[row["name"]] = score["mean"]
+        per_stage[stage] = seed_stats.by_arm(scores)
+    names = dict.fromkeys(seed_stats.split_seed(r["name"])[0] for r in summary["runs"])
+    arms = [a for a in names if any(a in per_stage[s] for s in STAGES)]
+    result = {"arms": {}, "rl_gain": {}}
+    for arm in arms:
+        result["arms"][arm] = {
+            stage: {**seed_stats.t_interval(seeds.values()), "per_seed": seeds}
+            for stage in STAGES
+            if (seeds := per_stage[stage].get(arm))
+        }
+        gain = seed_stats.paired_difference(per_stage["rl"].get(arm, {}),
+                                            per_stage["sft"].get(arm, {}))
+        if gain:
+            result["rl_gain"][arm] = gain
+    if len(arms) == 2:
+        first, second = arms
+        result["difference"] = {"first": first, "second": second}
+        for stage in STAGES:
+            diff = seed_stats.paired_difference(per_stage[stage].get(second, {}),
+                                                per_stage[stage].get(first, {}))
+            if diff:
+                result["difference"][stage] = diff
+    return result
+
+
+def _interval_text(result: dict | None, signed: bool = False) -> str:
+    if not result:
+        return "-"
+    sign = "+" if signed else ""
+    text = f"{result['mean']:{sign}.3f}"
+    if result["ci_low"] is None:
+        return f"{text} (1 seed)"
+    return (f"{text} ({result['ci_low']:{sign}.3f} to {result['ci_high']:{sign}.3f}, "
+            f"{result['seeds']} seeds)")
+
+
+def format_seed_table(seeds: Mapping) -> str:
+    """Per arm: the mean over seeds after SFT and after RL, RL's paired gain over SFT
+    (each with a 95% t interval over seeds), then two arms' paired difference."""
+    header = ("arm", "after SFT, over seeds (95% t)", "after RL, over seeds (95% t)",
+              "RL - SFT, paired (95% t)")
+    rows = [header]
+    for arm, stages in seeds["arms"].items():
+        rows.append((arm, _interval_text(stages.get("sft")), _interval_text(stages.get("rl")),
+                     _interval_text(seeds["rl_gain"].get(arm), signed=True)))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    diff = seeds.get("difference")
+    if diff:
+        for stage in STAGES:
+            if stage in diff:
+                lines.append(f"{diff['second']} - {diff['first']} after {stage.upper()}, "
+                             f"paired by seed: {_interval_text(diff[stage], signed=True)}")
+    return "\n".join(lines)
 
 
 def _score_text(score: dict | None) -> str:

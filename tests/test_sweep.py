@@ -318,8 +318,10 @@ def test_a_report_takes_runs_missing_here_from_an_earlier_summary(tmp_path, caps
     (tmp_path / "old.json").write_text(json.dumps(old))
     args = ["--sweep", path, "--output-dir", str(out), "--report"]
     assert sweep_main([*args, "--earlier", str(tmp_path / "old.json")]) == 0
-    rows = {r["name"]: r for r in json.loads((out / "s" / "summary.json").read_text())["runs"]}
+    summary = json.loads((out / "s" / "summary.json").read_text())
+    rows = {r["name"]: r for r in summary["runs"]}
     assert list(rows) == ["a", "b", "c"]
+    assert summary["over_seeds"]["arms"]["b"]["rl"]["mean"] == 0.5  # earlier rows count
     assert rows["a"]["status"] == "done" and rows["a"]["rl"] == score(0.7)
     assert rows["b"]["status"] == "earlier" and rows["b"]["rl"] == score(0.5)
     assert rows["c"]["status"] == "missing" and "rl" not in rows["c"]
@@ -362,7 +364,9 @@ def test_a_report_task_compares_runs_on_that_task(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "after RL on toy:count-4" in printed
     rows = [line for line in printed.splitlines() if line.startswith(("one", "two"))]
-    lines = {line.split()[0]: line for line in rows}
+    lines = {}
+    for line in rows:  # the per-run table comes first, then the table over seeds
+        lines.setdefault(line.split()[0], line)
     assert "0.300 (0.200-0.400" in lines["one"] and "0.350 (0.250-0.450" in lines["two"]
     assert "0.600" not in lines["two"]
     summary = json.loads((out / "s" / "summary.json").read_text())

@@ -1,0 +1,94 @@
+"""Scores over seeds: arms from run names, t intervals, paired differences, and the
+sweep report's table of them."""
+
+import numpy as np
+import pytest
+
+from jaxrl_agents import seed_stats
+from jaxrl_agents import sweep as sweep_lib
+
+
+@pytest.mark.parametrize(
+    "name, want",
+    [
+        ("direct,seed=2", ("direct", 2)),
+        ("env.reward_density=dense,seed=10", ("env.reward_density=dense", 10)),
+        ("seed=1,rl.learning_rate=1e-4", ("rl.learning_rate=1e-4", 1)),
+        ("a,seed=3,b", ("a,b", 3)),
+        ("seed=1", ("all", 1)),
+        ("myseed=1", ("myseed=1", None)),
+        ("direct", ("direct", None)),
+    ],
+)
+def test_split_seed(name, want):
+    assert seed_stats.split_seed(name) == want
+
+
+def test_t_interval_matches_a_hand_computed_one():
+    rng = np.random.default_rng(0)
+    for k in (2, 3, 5):
+        x = rng.uniform(0.3, 0.7, size=k)
+        # Student t quantiles at 0.975 for 1, 2 and 4 degrees of freedom.
+        t = {2: 12.706204736, 3: 4.302652730, 5: 2.776445105}[k]
+        half = t * x.std(ddof=1) / np.sqrt(k)
+        got = seed_stats.t_interval(x, bounds=(-10, 10))
+        assert got["seeds"] == k
+        np.testing.assert_allclose([got["mean"], got["ci_low"], got["ci_high"]],
+                                   [x.mean(), x.mean() - half, x.mean() + half], rtol=1e-8)
+    clipped = seed_stats.t_interval([0.0, 0.9])
+    assert clipped["ci_low"] == 0.0 and clipped["ci_high"] == 1.0
+    assert seed_stats.t_interval([0.4]) == {"mean": 0.4, "seeds": 1, "ci_low": None,
+                                            "ci_high": None}
+    with pytest.raises(ValueError):
+        seed_stats.t_interval([])
+
+
+def test_arms_and_paired_differences():
+    arms = seed_stats.by_arm({"a,seed=0": 0.5, "b,seed=0": 0.7, "a,seed=1": 0.4,
+                              "b,seed=1": 0.5, "b,seed=2": 0.9})  # fmt: skip
+    assert arms == {"a": {0: 0.5, 1: 0.4}, "b": {0: 0.7, 1: 0.5, 2: 0.9}}
+    diff = seed_stats.paired_difference(arms["b"], arms["a"])
+    assert diff["seeds"] == 2 and diff["per_seed"] == pytest.approx({0: 0.2, 1: 0.1})
+    assert diff["mean"] == pytest.approx(0.15)
+    # differences 0.2 and 0.1: standard error 0.05, t(1 df) 12.706
+    assert diff["ci_low"] == pytest.approx(0.15 - 12.706204736 * 0.05)
+    assert diff["ci_high"] == pytest.approx(0.15 + 12.706204736 * 0.05)
+    assert seed_stats.paired_difference({0: 0.1}, {1: 0.2}) is None
+    with pytest.raises(ValueError, match="seed 0"):
+        seed_stats.by_arm({"a,seed=0": 0.1, "seed=0,a": 0.2})
+
+
+def _score(mean):
+    return {"mean": mean, "ci_low": mean - 0.1, "ci_high": mean + 0.1, "n": 100}
+
+
+def test_a_sweep_summary_over_seeds():
+    """Two arms of three seeds; the second arm's SFT is missing at seed 2, and the
+    report task picks the per-task entries of the run that played two tasks."""
+    runs = [
+        {"name": "direct,seed=0", "sft": _score(0.40), "rl": _score(0.42)},
+        {"name": "curriculum,seed=0", "sft": _score(0.9), "rl": _score(0.9),
+         "sft:t:hard": _score(0.44), "rl:t:hard": _score(0.43)},
+        {"name": "direct,seed=1", "sft": _score(0.37), "rl": _score(0.40)},
+        {"name": "curriculum,seed=1", "sft": _score(0.36), "rl": _score(0.37)},
+        {"name": "direct,seed=2", "sft": _score(0.50), "rl": _score(0.55)},
+        {"name": "curriculum,seed=2", "rl": _score(0.60)},
+    ]  # fmt: skip
+    seeds = sweep_lib.over_seeds({"runs": runs, "report_task": "t:hard"})
+    direct, curriculum = seeds["arms"]["direct"], seeds["arms"]["curriculum"]
+    assert direct["rl"]["mean"] == pytest.approx((0.42 + 0.40 + 0.55) / 3)
+    assert direct["rl"]["seeds"] == 3 and curriculum["sft"]["seeds"] == 2
+    assert curriculum["sft"]["per_seed"] == {0: 0.44, 1: 0.36}
+    assert seeds["rl_gain"]["curriculum"]["per_seed"] == pytest.approx({0: -0.01, 1: 0.01})
+    diff = seeds["difference"]
+    assert (diff["first"], diff["second"]) == ("direct", "curriculum")
+    assert diff["rl"]["per_seed"] == pytest.approx({0: 0.01, 1: -0.03, 2: 0.05})
+    assert diff["sft"]["seeds"] == 2
+    table = sweep_lib.format_seed_table(seeds)
+    assert "curriculum - direct after RL, paired by seed: +0.010" in table
+    assert table.splitlines()[1].startswith("direct ")
+
+    three = sweep_lib.over_seeds({"runs": [{"name": f"{a},seed=0", "rl": _score(0.5)}
+                                           for a in "abc"]})  # fmt: skip
+    assert "difference" not in three and list(three["arms"]) == ["a", "b", "c"]
+    assert "(1 seed)" in sweep_lib.format_seed_table(three)
