@@ -92,3 +92,20 @@ def test_a_sweep_summary_over_seeds():
                                            for a in "abc"]})  # fmt: skip
     assert "difference" not in three and list(three["arms"]) == ["a", "b", "c"]
     assert "(1 seed)" in sweep_lib.format_seed_table(three)
+
+
+def test_the_chart_adds_a_panel_over_seeds_when_an_arm_has_two(tmp_path):
+    from PIL import Image
+
+    runs = [{"name": f"{arm},seed={seed}", "sft": _score(0.3 + 0.1 * seed), "rl": _score(0.5)}
+            for arm in ("a", "b") for seed in (0, 1)]  # fmt: skip
+    first_seeds = [r for r in runs if r["name"].endswith("seed=0")]
+    widths = {}
+    for label, rows in (("plain", runs), ("one seed", first_seeds), ("two seeds", runs)):
+        summary = {"sweep": "s", "runs": rows}
+        if label != "plain":
+            summary["over_seeds"] = sweep_lib.over_seeds(summary)
+        path = sweep_lib.plot_summary(summary, str(tmp_path / f"{label}.png"))
+        widths[label] = Image.open(path).size[0]
+    assert widths["two seeds"] > widths["plain"] + 300  # the panel of the two arms
+    assert widths["one seed"] < widths["plain"]  # one seed an arm: no second panel
