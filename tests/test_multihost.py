@@ -7,6 +7,7 @@ One device a process: with 2 devices a process, XLA:CPU's gloo collectives deadl
 now and then (2 of 5 launches on a loaded 2-core machine, session 15: a process stuck
 in a resharding program's Execute; 0 of 8 with one device a process). TPU and
 GPU hosts do not use these CPU collectives.
+
 End to end: `jaxrl-train` on the toy game as two processes and as one must write the same
 logs, evaluations and checkpoints.
 
