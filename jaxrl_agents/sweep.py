@@ -57,6 +57,7 @@ RESERVED_KEYS = ("output_dir", "name")
 MAX_NAME_LEN = 120  # longer derived run names are cut and given a hash suffix
 PLOT_FILE = "success.png"  # the sweep's bar chart, beside its summary.json
 LOG_FILE = "train.log"
+STAGES = ("sft", "rl")  # the two held-out evaluations of a run: after SFT, after RL
 TRAIN_MODULE = "jaxrl_agents.cli"  # `python -m jaxrl_agents.cli` is jaxrl-train
 
 
@@ -342,13 +343,18 @@ def _read_json(path: str) -> dict:
         return {}
 
 
+def has_score(row: Mapping) -> bool:
+    """Whether a summary row holds a held-out score after SFT or after RL."""
+    return any(row.get(stage) for stage in STAGES)
+
+
 def run_scores(path: str) -> dict:
     """{"sft": {...}, "rl": {...}}: held-out success (mean, ci_low, ci_high, n) of a run,
     from its eval.json, else its summary.json; a stage without one is left out. A run
     evaluated on several tasks also has eval.json's "sft:<task>" and "rl:<task>"."""
     evals = _read_json(os.path.join(path, EVAL_FILE))
     summary = _read_json(os.path.join(path, SUMMARY_FILE))
-    found = {stage: evals.get(stage) or summary.get(stage) or {} for stage in ("sft", "rl")}
+    found = {stage: evals.get(stage) or summary.get(stage) or {} for stage in STAGES}
     found.update({k: v for k, v in evals.items() if k.startswith(("sft:", "rl:"))})
     return {
         stage: {k: result.get(k) for k in ("mean", "ci_low", "ci_high", "n")}
@@ -386,10 +392,10 @@ def with_earlier_runs(summary: Mapping, earlier: Mapping) -> dict:
     """`summary` with each run that has no score here (no run directory, or an unfinished
     one) taken from `earlier` (see `load_earlier`) when it has one there, marked status
     "earlier". Runs the sweep no longer lists are not taken."""
-    kept = {r["name"]: r for r in earlier.get("runs", ()) if r.get("sft") or r.get("rl")}
+    kept = {r["name"]: r for r in earlier.get("runs", ()) if has_score(r)}
     rows = []
     for row in summary["runs"]:
-        if not (row.get("sft") or row.get("rl")) and row["name"] in kept:
+        if not has_score(row) and row["name"] in kept:
             row = {**kept[row["name"]], "status": "earlier"}
         rows.append(row)
     return {**summary, "runs": rows}
@@ -399,9 +405,6 @@ def reported_score(row: Mapping, stage: str, task: str | None) -> dict | None:
     """A summary row's score for `stage` ("sft" / "rl"): its "<stage>:<task>" entry when
     `task` is set and the run played several tasks, else its overall score."""
     return (task and row.get(f"{stage}:{task}")) or row.get(stage)
-
-
-STAGES = ("sft", "rl")
 
 
 def over_seeds(summary: Mapping) -> dict:
@@ -464,8 +467,7 @@ def format_seed_table(seeds: Mapping) -> str:
     for arm, stages in seeds["arms"].items():
         rows.append((arm, _interval_text(stages.get("sft")), _interval_text(stages.get("rl")),
                      _interval_text(seeds["rl_gain"].get(arm), signed=True)))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    lines = _aligned(rows)
     diff = seeds.get("difference")
     if diff:
         for stage in STAGES:
@@ -473,6 +475,12 @@ def format_seed_table(seeds: Mapping) -> str:
                 lines.append(f"{diff['second']} - {diff['first']} after {stage.upper()}, "
                              f"paired by seed: {_interval_text(diff[stage], signed=True)}")
     return "\n".join(lines)
+
+
+def _aligned(rows: Sequence[Sequence[str]]) -> list[str]:
+    """Table rows as lines, each column padded to its widest cell."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
 
 
 def _score_text(score: dict | None) -> str:
@@ -491,10 +499,7 @@ def format_table(summary: Mapping) -> str:
         status = r["status"] if r["status"] != "failed" else f"failed ({r['exit_code']})"
         rows.append((r["name"], status, _score_text(reported_score(r, "sft", task)),
                      _score_text(reported_score(r, "rl", task))))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    return "\n".join(
-        "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows
-    )
+    return "\n".join(_aligned(rows))
 
 
 _BAR_WIDTH = 0.38
@@ -531,7 +536,7 @@ def plot_summary(summary: Mapping, path: str) -> str | None:
     has two seeds or more (`over_seeds`), each arm's mean over seeds with its 95% t
     interval and one dot per seed. Written to `path` (PNG); None when no run has a score."""
     task = summary.get("report_task")
-    runs = [r for r in summary["runs"] if r.get("sft") or r.get("rl")]
+    runs = [r for r in summary["runs"] if has_score(r)]
     if not runs:
         return None
     arms = summary.get("over_seeds", {}).get("arms", {})

@@ -6,6 +6,7 @@ import pytest
 
 from jaxrl_agents import seed_stats
 from jaxrl_agents import sweep as sweep_lib
+from tests.test_sweep import _score
 
 
 @pytest.mark.parametrize(
@@ -56,10 +57,6 @@ def test_arms_and_paired_differences():
     assert seed_stats.paired_difference({0: 0.1}, {1: 0.2}) is None
     with pytest.raises(ValueError, match="seed 0"):
         seed_stats.by_arm({"a,seed=0": 0.1, "seed=0,a": 0.2})
-
-
-def _score(mean):
-    return {"mean": mean, "ci_low": mean - 0.1, "ci_high": mean + 0.1, "n": 100}
 
 
 def test_a_sweep_summary_over_seeds():

@@ -301,20 +301,24 @@ def test_report_summarizes_the_runs_on_disk_and_runs_none(tmp_path, capsys):
     assert (out / "s" / "success.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def _score(mean):
+    """A held-out score as eval.json holds it: mean, a +-0.1 interval, 100 games."""
+    return {"mean": mean, "ci_low": mean - 0.1, "ci_high": mean + 0.1, "n": 100}
+
+
 def test_a_report_takes_runs_missing_here_from_an_earlier_summary(tmp_path, capsys):
     """Runs made on other machines come from --earlier; a run with a score here keeps its
     own, and a summary of another sweep is refused before anything is written."""
     spec = {"name": "s", "config": TOY, "runs": [{"name": n} for n in ("a", "b", "c")]}
     path = _write_sweep(tmp_path, spec)
     out = tmp_path / "out"
-    score = lambda m: {"mean": m, "ci_low": m - 0.1, "ci_high": m + 0.1, "n": 100}  # noqa: E731
     (out / "s" / "a").mkdir(parents=True)
-    (out / "s" / "a" / "eval.json").write_text(json.dumps({"sft": score(0.6), "rl": score(0.7)}))
+    (out / "s" / "a" / "eval.json").write_text(json.dumps({"sft": _score(0.6), "rl": _score(0.7)}))
     (out / "s" / "a" / "summary.json").write_text("{}")
     old = {"sweep": "s", "runs": [
-        {"name": "a", "status": "done", "sft": score(0.1), "rl": score(0.1)},
-        {"name": "b", "status": "done", "sft": score(0.4), "rl": score(0.5)},
-        {"name": "gone", "status": "done", "sft": score(0.9)}]}  # fmt: skip
+        {"name": "a", "status": "done", "sft": _score(0.1), "rl": _score(0.1)},
+        {"name": "b", "status": "done", "sft": _score(0.4), "rl": _score(0.5)},
+        {"name": "gone", "status": "done", "sft": _score(0.9)}]}  # fmt: skip
     (tmp_path / "old.json").write_text(json.dumps(old))
     args = ["--sweep", path, "--output-dir", str(out), "--report"]
     assert sweep_main([*args, "--earlier", str(tmp_path / "old.json")]) == 0
@@ -322,8 +326,8 @@ def test_a_report_takes_runs_missing_here_from_an_earlier_summary(tmp_path, caps
     rows = {r["name"]: r for r in summary["runs"]}
     assert list(rows) == ["a", "b", "c"]
     assert summary["over_seeds"]["arms"]["b"]["rl"]["mean"] == 0.5  # earlier rows count
-    assert rows["a"]["status"] == "done" and rows["a"]["rl"] == score(0.7)
-    assert rows["b"]["status"] == "earlier" and rows["b"]["rl"] == score(0.5)
+    assert rows["a"]["status"] == "done" and rows["a"]["rl"] == _score(0.7)
+    assert rows["b"]["status"] == "earlier" and rows["b"]["rl"] == _score(0.5)
     assert rows["c"]["status"] == "missing" and "rl" not in rows["c"]
     assert "0.500 (0.400-0.600, n=100)" in capsys.readouterr().out
 
@@ -352,10 +356,9 @@ def test_a_report_task_compares_runs_on_that_task(tmp_path, capsys):
             "report_task": "toy:count-4"}  # fmt: skip
     path = _write_sweep(tmp_path, spec)
     out = tmp_path / "out"
-    score = lambda m: {"mean": m, "ci_low": m - 0.1, "ci_high": m + 0.1, "n": 100}  # noqa: E731
-    evals = {"one": {"sft": score(0.2), "rl": score(0.3)},
-             "two": {"sft": score(0.5), "rl": score(0.6), "sft:toy:count-2": score(0.8),
-                     "sft:toy:count-4": score(0.25), "rl:toy:count-4": score(0.35)}}  # fmt: skip
+    evals = {"one": {"sft": _score(0.2), "rl": _score(0.3)},
+             "two": {"sft": _score(0.5), "rl": _score(0.6), "sft:toy:count-2": _score(0.8),
+                     "sft:toy:count-4": _score(0.25), "rl:toy:count-4": _score(0.35)}}  # fmt: skip
     for name, e in evals.items():
         (out / "s" / name).mkdir(parents=True)
         (out / "s" / name / "eval.json").write_text(json.dumps(e))
