@@ -65,6 +65,9 @@ class Trainer:
         self.cfg = cfg
         self.run_dir = run_dir_of(cfg)
         self.resume = resume
+        # The warm-up's and SFT's results, kept in checkpoints so that a run resumed after
+        # them reports them too.
+        self.supervised_summary: dict = {}
         os.makedirs(self.run_dir, exist_ok=True)
         self.layout = setup.EnvLayout(cfg)
         distributed.main_first(
@@ -128,6 +131,7 @@ class Trainer:
             "monitor": self.monitor.state_dict(),
             "action_stage": self.staging.state_dict() if self.staging else None,
             "schedule": self.schedule.state_dict(),
+            "supervised_summary": self.supervised_summary,
         }
         self.checkpointer.save(self.progress.update, {"learner": self.state}, meta)
 
@@ -147,6 +151,7 @@ class Trainer:
             if self.staging.stage:
                 self._rebuild_pool()
         self.schedule.load_state_dict(meta.get("schedule", {}))
+        self.supervised_summary = meta.get("supervised_summary", {})
         self.driver._groups_used = self.progress.groups_used
         self._sync_policy()
         return True
@@ -375,20 +380,20 @@ class Trainer:
             resume_step=self.progress.update if resumed else None,
         )
         self.logger.save_config(cfg)
-        summary = {}
         supervised = cfg.sft.enabled or cfg.pretrain.episodes_per_task > 0
         if supervised and not self.progress.sft_done:
             # The warm-up runs whenever it is configured, with or without SFT after it.
             if cfg.pretrain.episodes_per_task:
-                summary["pretrain"] = self.run_pretrain()
+                self.supervised_summary["pretrain"] = self.run_pretrain()
             if cfg.sft.enabled:
-                summary["sft"] = self.run_sft()
+                self.supervised_summary["sft"] = self.run_sft()
             self._agree_on_policy()
             # The reference policy is the policy after these phases; optimizer state starts
             # fresh.
             self.state = self.learner.init_state(self.actor_critic)
             self.progress.sft_done = True
             self._save()
+        summary = dict(self.supervised_summary)
         for update in range(self.progress.update, self.total_updates):
             metrics = self.rl_update(update)
             self.progress.update = update + 1

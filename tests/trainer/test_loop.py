@@ -129,6 +129,10 @@ def test_sigkill_and_resume_gives_the_same_metrics(tmp_path):
     a = json.loads((tmp_path / "straight" / "eval.json").read_text())
     b = json.loads((tmp_path / "killed" / "eval.json").read_text())
     assert a["rl"]["mean"] == b["rl"]["mean"] and a["sft"]["mean"] == b["sft"]["mean"]
+    # The resumed run's summary.json still reports the phases run before the kill.
+    a, b = (json.loads((tmp_path / run / "summary.json").read_text())
+            for run in ("straight", "killed"))
+    assert b["sft"] == a["sft"] and b.get("pretrain") == a.get("pretrain")
 
 
 @pytest.mark.slow
