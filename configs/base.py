@@ -13,7 +13,9 @@ def get_config() -> ml_collections.ConfigDict:
 
     # --- model: the policy (Qwen2 / Llama family decoder) -----------------------------
     c.model = ml_collections.ConfigDict()
-    c.model.hf_path = ""  # HF checkpoint dir or hub id; "" builds from the fields below
+    # A .gguf file (or a dir with one) and a GGUF preset such as "smollm2-135m-instruct"
+    # are converted once into a cached HF checkpoint (jaxrl_agents/models/gguf_import.py).
+    c.model.hf_path = ""  # HF checkpoint dir, hub id or GGUF; "" builds from the fields below
     c.model.vocab_size = 512  # tokens in the vocabulary
     c.model.hidden_size = 128  # width of the residual stream (D)
     c.model.intermediate_size = 384  # SwiGLU hidden width
@@ -31,6 +33,13 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.remat = "none"  # per-layer rematerialisation: none | full | dots
     c.model.scan_layers = False  # scan over layers (compile time independent of depth)
     c.model.critic = "head"  # value: head (policy trunk) | detached (no grad to trunk) | separate
+    # LoRA: with rank > 0 only the adapters (and the value head) train; the base weights stay
+    # frozen, the KL reference is the base with adapters off, exports merge them in.
+    c.model.lora = ml_collections.ConfigDict()
+    c.model.lora.rank = 0  # adapter rank r; 0 = off (every weight trains)
+    c.model.lora.alpha = 16.0  # an adapter adds (alpha / rank) * B @ A to its weight
+    c.model.lora.dropout = 0.0  # dropout on the adapters' input: only 0.0 is supported
+    c.model.lora.targets = ("q", "k", "v", "o", "gate", "up", "down")  # adapted projections
 
     # --- mesh: device layout; -1 means "all remaining devices" ---------------------------
     c.mesh = ml_collections.ConfigDict()
@@ -47,7 +56,7 @@ def get_config() -> ml_collections.ConfigDict:
 
     # --- tokenizer ---------------------------------------------------------------------
     c.tokenizer = ml_collections.ConfigDict()
-    c.tokenizer.path = ""  # HF tokenizer dir; "" trains a byte-level BPE on env text
+    c.tokenizer.path = ""  # HF tokenizer dir, or as model.hf_path; "" trains a BPE on env text
     c.tokenizer.vocab_size = 512  # size of a trained tokenizer
     c.tokenizer.chat_template = "chat"  # chat (tokenizer's template) | plain
 

@@ -228,8 +228,9 @@ PLAN_HELP = """Plan memory: per-device bytes of a run on a mesh, and whether it 
 
 Shapes come from jax.eval_shape of the trainer's own model, critic and optimizer
 construction; placement from the sharding rules table on an abstract mesh (no devices or
-weights needed). `model.hf_path` names the architecture: a checkpoint directory, or a
-Qwen2.5 hub id known to the planner (see jaxrl_agents/plan.py PRESETS).
+weights needed). `model.hf_path` names the architecture: a checkpoint directory, a
+Qwen2.5 hub id known to the planner (see jaxrl_agents/plan.py PRESETS), or a GGUF file or
+preset (jaxrl_agents/models/gguf_import.py; converted once into its cache).
 """
 
 

@@ -152,6 +152,9 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
                 raise ConfigError(f"config key {key!r} {rule}, got {value!r}")
     check_task_names(cfg, "env.eval_tasks")
     check_groups(cfg)
+    lora = _get(cfg, "model.lora")
+    if lora is not _MISSING:
+        check_lora(lora)
 
 
 def check_task_names(cfg: ml_collections.ConfigDict, key: str) -> None:
@@ -168,6 +171,40 @@ def check_task_names(cfg: ml_collections.ConfigDict, key: str) -> None:
                 f'config key {key!r}: {task!r} is not a task name; use "name" (of env.family) '
                 f'or "family:name" with a family in {list(families)}'
             )
+
+
+# model.lora: the projections an adapter may go on (attention q/k/v/o, MLP gate/up/down).
+LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
+_LORA_KEYS = ("rank", "alpha", "dropout", "targets")
+
+
+def check_lora(section, key: str = "model.lora") -> None:
+    """The LoRA section (ConfigDict or dict): rank an int >= 0 (0 = off), alpha > 0,
+    dropout 0 (the only value supported), targets a non-empty tuple of distinct names
+    from LORA_TARGETS. Raises ConfigError naming the key and the allowed values."""
+    unknown = sorted(set(section.keys()) - set(_LORA_KEYS))
+    if unknown:
+        raise ConfigError(f"unknown config key(s) {[f'{key}.{k}' for k in unknown]}; "
+                          f"valid keys: {list(_LORA_KEYS)}")
+    rank = section.get("rank", 0)
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
+        raise ConfigError(f"config key '{key}.rank' must be an int >= 0 (0 = off), got {rank!r}")
+    alpha = section.get("alpha", 16.0)
+    if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not alpha > 0:
+        raise ConfigError(f"config key '{key}.alpha' must be a number > 0, got {alpha!r}")
+    dropout = section.get("dropout", 0.0)
+    if dropout != 0:
+        raise ConfigError(f"config key '{key}.dropout' is {dropout!r}; only 0.0 is supported "
+                          "(adapter dropout is not implemented)")
+    targets = section.get("targets", LORA_TARGETS)
+    if isinstance(targets, str) or not isinstance(targets, tuple | list) or not targets:
+        raise ConfigError(f"config key '{key}.targets' must be a non-empty tuple of names from "
+                          f"{list(LORA_TARGETS)}, got {targets!r}")
+    bad = [t for t in targets if t not in LORA_TARGETS]
+    if bad or len(set(targets)) != len(targets):
+        what = f"unknown target(s) {bad}" if bad else "a target listed twice"
+        raise ConfigError(f"config key '{key}.targets' = {tuple(targets)!r} has {what}; "
+                          f"allowed: {list(LORA_TARGETS)}")
 
 
 # Estimators that compare samples of one task instance (kernels.GROUP_ESTIMATORS; not

@@ -6,6 +6,9 @@ reference policy, optimizer state) and the loss are the trainer's own constructi
 with `jax.eval_shape`; every array is placed with the one rules table of
 `jaxrl_agents.sharding` on an `AbstractMesh` of the requested shape, and its per-device
 size is `NamedSharding.shard_shape`. No device of that size, and no weights, are needed.
+With LoRA adapters (`model.lora.rank` > 0) the same constructions give what LoRA costs:
+the reference policy is the policy's own weights (no bytes), and gradients, optimizer
+state and master copy cover the adapters and the value head only.
 
 Activations of one training micro-batch are the residuals that `jax.vjp` of the loss keeps
 for the backward pass (with the model's remat setting: under remat="full" only each
@@ -43,7 +46,7 @@ from jax.sharding import AbstractMesh, AxisType
 
 from jaxrl_agents import sharding
 from jaxrl_agents.data.packing import bucket
-from jaxrl_agents.models import ModelConfig, Transformer, build_actor_critic
+from jaxrl_agents.models import ModelConfig, Transformer, build_actor_critic, gguf_import, lora
 from jaxrl_agents.models.build import checkpoint_overrides
 from jaxrl_agents.models.hf_io import read_config
 
@@ -145,6 +148,8 @@ def model_config(cfg, source: str | None = None) -> ModelConfig:
     if not source:
         return ModelConfig.from_config(cfg.model)
     runtime = checkpoint_overrides(cfg.model)
+    if gguf_import.is_gguf_source(source):  # converted once, then read from the cache
+        return read_config(gguf_import.resolve(source), **runtime)
     if preset_name(source) is None and os.path.isdir(source):
         return read_config(source, **runtime)
     return ModelConfig.from_hf(hf_config_dict(source), **runtime)
@@ -217,6 +222,7 @@ def abstract_learner(cfg, mc: ModelConfig):
 
     def build():
         policy = Transformer(mc, rngs=nnx.Rngs(cfg.seed))
+        lora.attach(policy, lora_config(cfg), rngs=nnx.Rngs(cfg.seed))
         return build_actor_critic(policy, cfg.model.critic, rngs=nnx.Rngs(cfg.seed + 1))
 
     actor_critic = nnx.eval_shape(build)
@@ -261,10 +267,13 @@ def residual_bytes(cfg, mc: ModelConfig, rows: int, length: int) -> int:
     mb = microbatch_spec(rows, length)
 
     def pullback(params, mb):
-        def loss(p):
+        trainable, frozen = lora.split_trainable(params)  # as rl.train_step differentiates
+
+        def loss(t):
+            p = lora.merge_trainable(t, frozen)
             return rl.loss_fn(learner.hp, learner.graphdef, p, mb, 0.1, 1.0)[0]
 
-        return jax.vjp(loss, params)[1]
+        return jax.vjp(loss, trainable)[1]
 
     return tree_bytes(jax.eval_shape(pullback, state.params, mb))
 
@@ -304,19 +313,35 @@ def sft_batch_spec(rows: int, length: int, choice_width: int | None = None) -> d
     return spec
 
 
-def _abstract_policy(mc: ModelConfig, seed: int = 0):
-    return nnx.split(nnx.eval_shape(lambda: Transformer(mc, rngs=nnx.Rngs(seed))))
+def _abstract_policy(mc: ModelConfig, seed: int = 0, adapters: lora.LoRAConfig | None = None):
+    """(graphdef, abstract state) of the policy, with LoRA `adapters` when given."""
+
+    def build():
+        policy = Transformer(mc, rngs=nnx.Rngs(seed))
+        return lora.attach(policy, adapters or lora.LoRAConfig(), rngs=nnx.Rngs(seed))
+
+    return nnx.split(nnx.eval_shape(build))
+
+
+def lora_config(cfg) -> lora.LoRAConfig:
+    """The run's LoRA adapters (`model.lora`; rank 0: none)."""
+    return lora.LoRAConfig.from_config(cfg.model.get("lora"))
 
 
 def sft_residual_bytes(mc: ModelConfig, rows: int, length: int, target: str,
-                       choice_width: int | None = None) -> int:
-    """Bytes of the residuals `jax.vjp` of the SFT loss keeps for `rows` x `length` tokens."""
+                       choice_width: int | None = None,
+                       adapters: lora.LoRAConfig | None = None) -> int:
+    """Bytes of the residuals `jax.vjp` of the SFT loss keeps for `rows` x `length` tokens
+    (gradients with respect to the trainable parameters: with LoRA, the adapters)."""
     from jaxrl_agents.trainer.sft import sft_loss
 
-    graphdef, params = _abstract_policy(mc)
+    graphdef, params = _abstract_policy(mc, adapters=adapters)
 
     def pullback(params, batch):
-        return jax.vjp(lambda p: sft_loss(graphdef, p, batch, target)[0], params)[1]
+        trainable, frozen = lora.split_trainable(params)
+        loss = lambda t: sft_loss(graphdef, lora.merge_trainable(t, frozen), batch,  # noqa: E731
+                                  target)[0]
+        return jax.vjp(loss, trainable)[1]
 
     return tree_bytes(jax.eval_shape(pullback, params, sft_batch_spec(rows, length,
                                                                       choice_width)))
@@ -345,7 +370,9 @@ def warmup_peak(cfg, mc: ModelConfig, mesh, resident: int) -> dict[str, int]:
     over devices: `SFTTrainer` feeds whole batches)."""
     from jaxrl_agents.trainer import optim
 
-    _, params = _abstract_policy(mc)
+    adapters = lora_config(cfg)
+    _, params = _abstract_policy(mc, adapters=adapters)
+    params = lora.trainable(params)  # with LoRA: gradients and Adam moments of adapters only
     fixed = resident + 2 * per_device_bytes(params, mesh)
     peaks = {}
     for name, rows, length, target, width in warmup_phases(cfg):
@@ -353,7 +380,7 @@ def warmup_peak(cfg, mc: ModelConfig, mesh, resident: int) -> dict[str, int]:
         opt_state = jax.eval_shape(optim.adam(lambda step: 0.0, state=state).init, params)
         act = _growing_residuals(
             lambda m, r, length=length, target=target, width=width: sft_residual_bytes(
-                m, r, length, target, width), mc, rows)
+                m, r, length, target, width, adapters), mc, rows)
         peaks[name] = fixed + per_device_bytes(opt_state, mesh) + act["saved"] + act["recompute"]
     return peaks
 
@@ -361,16 +388,18 @@ def warmup_peak(cfg, mc: ModelConfig, mesh, resident: int) -> dict[str, int]:
 def kv_cache_spec(
     cfg, mc: ModelConfig, mesh
 ) -> tuple[tuple[int, ...], jax.typing.DTypeLike, jax.sharding.NamedSharding]:
-    """Shape, dtype and sharding of one layer's k (or v) buffer at the largest rollout:
-    `rollout.episodes_per_batch` rows (batch bucket) x `rollout.max_context` (cache bucket),
-    as `Sampler.new_state` / `_place_cache` make it."""
+    """Shape, dtype and sharding of the values buffer of the KV cache (all layers; the
+    keys hold as many bytes) at the largest rollout: `rollout.episodes_per_batch` rows
+    (batch bucket) x `rollout.max_context` (cache bucket), as `Sampler.new_state` /
+    `_place_cache` make it."""
+    from jaxrl_agents.models.transformer import VALUE_AXES
     from jaxrl_agents.rollout import sampler
 
     multiple = mesh.shape["data"] * mesh.shape["fsdp"]
     batch = bucket(cfg.rollout.episodes_per_batch, sampler.BATCH_BUCKETS, multiple)
     slots = bucket(cfg.rollout.max_context, sampler.CACHE_BUCKETS)
-    shape = (batch, mc.num_kv_heads, slots, mc.head_dim)  # values; keys hold the same
-    return shape, mc.jnp_dtype, sharding.logical_to_sharding(sampler.VALUE_AXES, mesh, shape)
+    shape = (mc.num_layers, batch, mc.num_kv_heads, slots, mc.head_dim)
+    return shape, mc.jnp_dtype, sharding.logical_to_sharding(VALUE_AXES, mesh, shape)
 
 
 # ----------------------------------------------------------------------------- the plan
@@ -419,8 +448,10 @@ def make_plan(cfg, mc: ModelConfig, mesh) -> Plan:
     warmup = warmup_peak(cfg, mc, mesh, rows["policy parameters"] + rows["critic parameters"])
     # The update is a scan over micro-batches: the accumulated gradients (carry) and one
     # micro-batch's gradients are both live when they are added. They are taken with
-    # respect to the float32 master copy when there is one.
-    grads = per_device_bytes(state.params if state.master is None else state.master, mesh)
+    # respect to the trainable parameters (with LoRA: adapters and value head), or their
+    # float32 master copy when there is one.
+    trainable = lora.trainable(state.params)
+    grads = per_device_bytes(trainable if state.master is None else state.master, mesh)
     rows["gradients (micro-batch)"] = grads
     rows["gradients (accumulated)"] = grads
     micro, per_device, length = train_shape(cfg, mesh)
@@ -428,7 +459,7 @@ def make_plan(cfg, mc: ModelConfig, mesh) -> Plan:
     rows["activations (saved for backward)"] = act["saved"]
     rows["activations (one layer recomputed)"] = act["recompute"]
     shape, dtype, kv_sharding = kv_cache_spec(cfg, mc, mesh)
-    kv = 2 * mc.num_layers * _nbytes(kv_sharding.shard_shape(shape), dtype)
+    kv = 2 * _nbytes(kv_sharding.shard_shape(shape), dtype)
     rows["KV cache (rollout)"] = kv
     # `_compact` (not donated) holds the old and the new cache at once.
     rows["KV cache copy while compacting"] = kv
@@ -439,10 +470,13 @@ def make_plan(cfg, mc: ModelConfig, mesh) -> Plan:
         "mesh": dict(mesh.shape),
         "num_params": sum(x.size for x in jax.tree.leaves(policy)),
         "critic_params": sum(x.size for x in jax.tree.leaves(critic)),
+        "trainable_params": sum(x.size for x in jax.tree.leaves(trainable)),
+        "lora_params": sum(
+            x.size for x in jax.tree.leaves(nnx.filter_state(state.params, nnx.LoRAParam))),
         "micro_batch": micro,
         "rows_per_device": per_device,
         "tokens_per_row": length,
-        "kv_cache_shape": (mc.num_layers, 2) + shape,
+        "kv_cache_shape": (2,) + shape,
         "global_bytes": {
             "parameters": tree_bytes(state.params),
             "optimizer state": tree_bytes(state.opt_state),
@@ -477,6 +511,9 @@ def format_plan(plan: Plan, device_name: str, device_bytes: int, headroom: float
         f" D={mc.hidden_size} L={mc.num_layers} N={mc.num_heads} K={mc.num_kv_heads} "
         f"F={mc.intermediate_size} V={mc.vocab_size}, params {mc.param_dtype}, "
         f"compute {mc.dtype}, remat={mc.remat}",
+        *([f"LoRA: {info['lora_params']:,} adapter parameters (counted in the model's); "
+           f"{info['trainable_params']:,} trainable with the value head: the only ones "
+           "with gradients and optimizer state"] if info.get("lora_params") else []),
         f"mesh: {mesh}; device: {device_name}",
         f"train micro-batch: {info['micro_batch']} rows x {info['tokens_per_row']} tokens "
         f"({info['rows_per_device']} rows per device); KV cache [L, k/v, B, K, S, H] = "

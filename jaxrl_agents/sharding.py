@@ -43,6 +43,7 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("head_dim", None),
     ("mlp", "tensor"),
     ("layers", None),
+    ("lora_rank", None),  # the rank axis of LoRA adapters (models/lora.py): small, replicated
     ("moment_blocks", BATCH_AXES),  # blocks of an 8-bit Adam moment: ZeRO-style split
 )
 _RULES = dict(LOGICAL_AXIS_RULES)

@@ -28,6 +28,7 @@ def pack(
     row_multiple: int = 1,
     max_length: int | None = None,
     choice_width: int | None = None,
+    loss_width: int | None = None,
 ) -> Batch:
     """Pads trajectories (right padding) into a fixed-shape Batch.
 
@@ -40,6 +41,8 @@ def pack(
       max_length: a trajectory longer than this is an error (never silently cut).
       choice_width: when given, the batch carries `allowed` [B, T, choice_width], the ids
         each action token was restricted to by constrained decoding (`data.choices`).
+      loss_width: the width A of `loss_index` (each row's action-token positions); default:
+        the bucket of these trajectories' largest count (`loss_index_width`).
     """
     if not trajectories:
         raise ValueError("pack() needs at least one trajectory")
@@ -77,7 +80,31 @@ def pack(
         out["allowed"] = np.full((rows, length, int(choice_width)), -1, np.int32)
         for i, traj in enumerate(trajectories):
             out["allowed"][i] = allowed_array(traj, length, int(choice_width))
+    if loss_width is None:
+        loss_width = loss_index_width(trajectories, length)
+    out["loss_index"] = loss_index(out["action_mask"], loss_width)
     # Padding rows get distinct negative group ids so they never join a real group.
     pad_rows = np.arange(len(trajectories), rows)
     out["group_ids"][pad_rows] = -1 - pad_rows
     return Batch(**out)
+
+
+# Widths of `Batch.loss_index`: the action tokens of the row that has the most.
+LOSS_INDEX_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+
+
+def loss_index_width(trajectories: Sequence[Trajectory], length: int) -> int:
+    """A of `loss_index` for these trajectories packed to length T: the bucket of the
+    largest number of action tokens in one of them, at most T."""
+    most = max((t.num_action_tokens for t in trajectories), default=1)
+    return min(bucket(max(most, 1), LOSS_INDEX_BUCKETS), length)
+
+
+def loss_index(action_mask_bt: np.ndarray, width: int) -> np.ndarray:
+    """[B, width] int32: each row's positions with action_mask set, in order, 0 padded."""
+    rows = action_mask_bt.shape[0]
+    out = np.zeros((rows, width), np.int32)
+    for i in range(rows):
+        where = np.flatnonzero(action_mask_bt[i] > 0)
+        out[i, :len(where)] = where
+    return out

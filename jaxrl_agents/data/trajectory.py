@@ -83,6 +83,9 @@ class Batch:
         added only to fill the batch up to its bucket).
     allowed: optional [B, T, K] int32, the ids each action token was restricted to by
         constrained decoding (-1 padded; no id: the whole vocabulary). None when unused.
+    loss_index: optional [B, A] int32, each row's action-token positions in order (0
+        pads; A is a bucket of the longest row's count): the learner makes output-layer
+        logits at these positions only. None: at every position.
     """
 
     input_ids: np.ndarray
@@ -96,13 +99,14 @@ class Batch:
     truncated: np.ndarray
     row_valid: np.ndarray
     allowed: np.ndarray | None = None
+    loss_index: np.ndarray | None = None
 
     @property
     def shape(self) -> tuple[int, int]:
         return self.input_ids.shape
 
     def as_dict(self) -> dict[str, np.ndarray]:
-        """The arrays by name (an unused `allowed` is left out)."""
+        """The arrays by name (unused optional ones are left out)."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                 if getattr(self, f.name) is not None}
 

@@ -16,6 +16,8 @@ from jaxrl_agents.kernels.losses import (
     aggregate,
     allowed_logits,
     chunked_next_token_logprobs_and_entropy,
+    loss_positions_logprobs_and_entropy,
+    target_logprobs_and_entropy,
     entropy,
     next_token_logprobs,
     next_token_logprobs_and_entropy,
@@ -30,6 +32,8 @@ from jaxrl_agents.kernels.stats import masked_mean, masked_sum, masked_var, mask
 __all__ = [
     "allowed_logits",
     "chunked_next_token_logprobs_and_entropy",
+    "loss_positions_logprobs_and_entropy",
+    "target_logprobs_and_entropy",
     "ESTIMATORS",
     "GROUP_ESTIMATORS",
     "NEEDS_CRITIC",

@@ -66,7 +66,7 @@ def allowed_logits(logits, ids):
                      _NOT_ALLOWED)
 
 
-def _target_logprobs_and_entropy(logits, targets, allowed=None):
+def target_logprobs_and_entropy(logits, targets, allowed=None):
     """log p(target) and the entropy of the distribution each target was drawn from:
     logits [B, n, V] predicting targets [B, n] -> ([B, n], [B, n]) float32; `allowed`
     [B, n, K] as in `next_token_logprobs_and_entropy` (already aligned with targets)."""
@@ -95,7 +95,7 @@ def next_token_logprobs_and_entropy(logits, input_ids, allowed=None):
     was drawn from the whole vocabulary. Restricted tokens get log-probs and entropies of
     the softmax over their allowed ids only, exactly the distribution the sampler drew from.
     """
-    logp, ent = _target_logprobs_and_entropy(
+    logp, ent = target_logprobs_and_entropy(
         logits[:, :-1], input_ids[:, 1:], None if allowed is None else allowed[:, 1:]
     )
     pad = ((0, 0), (1, 0))
@@ -123,13 +123,56 @@ def chunked_next_token_logprobs_and_entropy(hidden, unembed, input_ids, allowed=
     @jax.checkpoint
     def one_chunk(part):
         h, y, a = part
-        return _target_logprobs_and_entropy(unembed(h), y, a)
+        return target_logprobs_and_entropy(unembed(h), y, a)
 
     split = lambda x: x.reshape(b, steps, chunk, *x.shape[2:]).swapaxes(0, 1)
     parts = (split(hidden), split(targets), None if allowed is None else split(allowed))
     logp, ent = jax.lax.map(one_chunk, parts)  # (steps, B, chunk) each
     merge = lambda y: jnp.pad(y.swapaxes(0, 1).reshape(b, -1)[:, :n], ((0, 0), (1, 0)))
     return merge(logp), merge(ent)
+
+
+def loss_positions_logprobs_and_entropy(hidden, unembed, input_ids, index, allowed=None, *,
+                                        chunk: int = 0):
+    """`next_token_logprobs_and_entropy(unembed(hidden), input_ids, allowed)` at the positions
+    in `index` only, 0 elsewhere: the output layer runs on [B, A, D] instead of [B, T, D].
+
+    hidden [B, T, D]; unembed: [..., D] -> [..., V] logits; input_ids [B, T]; index [B, A]
+    int32, the positions t >= 1 whose token's log-prob enters a loss (e.g. action tokens),
+    0 on padding (position 0 is never predicted); allowed [B, T, K] as there. With `chunk`,
+    the logits are made `chunk` of the A positions at a time and made again in the backward
+    pass, as in `chunked_next_token_logprobs_and_entropy`.
+    Returns ([B, T], [B, T]) float32.
+    """
+    b, a = index.shape
+    h = jnp.take_along_axis(hidden, jnp.maximum(index - 1, 0)[..., None], axis=1)  # (B, A, D)
+    targets = jnp.take_along_axis(input_ids, index, axis=1)  # (B, A)
+    picked = None if allowed is None else jnp.take_along_axis(allowed, index[..., None], axis=1)
+    if chunk and chunk < a:
+        steps = -(-a // chunk)
+        pad = lambda x, value=0: jnp.pad(  # noqa: E731
+            x, [(0, 0), (0, steps * chunk - a)] + [(0, 0)] * (x.ndim - 2), constant_values=value)
+        split = lambda x: x.reshape(b, steps, chunk, *x.shape[2:]).swapaxes(0, 1)  # noqa: E731
+
+        @jax.checkpoint
+        def one_chunk(part):
+            hc, yc, kc = part
+            return target_logprobs_and_entropy(unembed(hc), yc, kc)
+
+        parts = (split(pad(h)), split(pad(targets)),
+                 None if picked is None else split(pad(picked, -1)))
+        logp, ent = jax.lax.map(one_chunk, parts)  # (steps, B, chunk) each
+        logp, ent = (y.swapaxes(0, 1).reshape(b, -1)[:, :a] for y in (logp, ent))
+    else:
+        logp, ent = target_logprobs_and_entropy(unembed(h), targets, picked)
+    rows = jnp.arange(b)[:, None]
+    real = index > 0
+
+    def scatter(x_ba):
+        return jnp.zeros(input_ids.shape, jnp.float32).at[rows, index].add(
+            jnp.where(real, x_ba, 0.0))
+
+    return scatter(logp), scatter(ent)
 
 
 @functools.partial(jax.jit, static_argnames=("agg",))

@@ -1,14 +1,16 @@
 """The policy from the `model` config section: a checkpoint when `hf_path` is set,
-else a freshly initialised decoder of the configured sizes."""
+else a freshly initialised decoder of the configured sizes; with `model.lora.rank` > 0,
+LoRA adapters on top (models/lora.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
+import jax
 from flax import nnx
 
-from jaxrl_agents.models import hf_io
+from jaxrl_agents.models import hf_io, lora
 from jaxrl_agents.models.config import ModelConfig
 from jaxrl_agents.models.transformer import Transformer
 
@@ -31,14 +33,19 @@ def build_policy(cfg_model: Mapping[str, Any], *, seed: int = 0, mesh=None
 
     With `hf_path` the sizes come from the checkpoint; dtype, param_dtype, remat
     and scan_layers still come from the section (`checkpoint_overrides`). With a
-    mesh the parameters are placed on it.
+    mesh the parameters are placed on it. The `lora` section adds adapters (A drawn
+    from `seed`, B zero: the model's outputs are unchanged until they train).
     """
     hf_path = cfg_model.get("hf_path", "") or ""
+    adapters = lora.LoRAConfig.from_config(cfg_model.get("lora"))
     if hf_path:
-        return hf_io.load(hf_path, mesh=mesh, **checkpoint_overrides(cfg_model))
-    config = ModelConfig.from_config(cfg_model)
-    model = Transformer(config, rngs=nnx.Rngs(params=seed))
-    if mesh is not None:
+        model, config = hf_io.load(hf_path, mesh=mesh, **checkpoint_overrides(cfg_model))
+    else:
+        config = ModelConfig.from_config(cfg_model)
+        model = Transformer(config, rngs=nnx.Rngs(params=seed))
+    adapter_key = jax.random.fold_in(jax.random.key(seed), 0x10A)  # apart from the weights'
+    lora.attach(model, adapters, rngs=nnx.Rngs(params=adapter_key))
+    if mesh is not None and (adapters.enabled or not hf_path):  # hf_io.load placed the rest
         from jaxrl_agents.sharding import shard_params
 
         model = shard_params(model, mesh)

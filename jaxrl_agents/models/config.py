@@ -1,4 +1,4 @@
-"""`ModelConfig`: the sizes and options of one Qwen2 / Llama decoder.
+"""`ModelConfig`: the sizes and options of one Qwen2 / Qwen3 / Llama decoder.
 
 It is built from our own config section (`ModelConfig.from_config`) or from a
 Hugging Face `config.json` dict (`ModelConfig.from_hf`), and written back with
@@ -13,13 +13,54 @@ from typing import Any
 
 import jax.numpy as jnp
 
-SUPPORTED_ARCHITECTURES = ("Qwen2ForCausalLM", "LlamaForCausalLM")
-_MODEL_TYPES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}
+SUPPORTED_ARCHITECTURES = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "LlamaForCausalLM")
+_MODEL_TYPES = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                "llama": "LlamaForCausalLM"}
+_ARCH_MODEL_TYPES = {arch: model_type for model_type, arch in _MODEL_TYPES.items()}
+# RoPE variants: "default" (plain theta^(-2i/H) frequencies) and "llama3" (RopeScaling).
+ROPE_TYPES = ("default", "llama3")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 # "dots" keeps weight-matmul outputs and recomputes the rest (transformer.REMAT_POLICIES).
 REMAT_MODES = ("none", "full", "dots")
 # Keys of the `model` config section that are not ModelConfig fields.
-CONFIG_ONLY_KEYS = ("hf_path", "critic")
+CONFIG_ONLY_KEYS = ("hf_path", "critic", "lora")
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+    """Llama 3.x RoPE frequency scaling (`rope_type: "llama3"` in config.json).
+
+    Wavelengths shorter than original_max_position_embeddings / high_freq_factor keep
+    their frequency, those longer than original_max_position_embeddings / low_freq_factor
+    are divided by `factor`, and the band between is interpolated
+    (`transformer.llama3_inv_freq`). Llama 3.1 uses (8, 1, 4, 8192).
+    """
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+    rope_type: str = "llama3"
+
+    def __post_init__(self):
+        if self.rope_type != "llama3":
+            raise ValueError(f"RopeScaling.rope_type={self.rope_type!r}; allowed: ['llama3']")
+        if not self.factor > 0:
+            raise ValueError(f"RopeScaling.factor must be > 0, got {self.factor!r}")
+        if not 0 < self.low_freq_factor < self.high_freq_factor:
+            raise ValueError("RopeScaling needs 0 < low_freq_factor < high_freq_factor, got "
+                             f"{self.low_freq_factor!r} and {self.high_freq_factor!r}")
+        opos = self.original_max_position_embeddings
+        if not isinstance(opos, int) or isinstance(opos, bool) or opos <= 0:
+            raise ValueError("RopeScaling.original_max_position_embeddings must be a positive "
+                             f"int, got {opos!r}")
+
+    def to_hf(self) -> dict[str, Any]:
+        """The `rope_parameters` entries of config.json, less rope_theta."""
+        return {"rope_type": self.rope_type, "factor": self.factor,
+                "low_freq_factor": self.low_freq_factor,
+                "high_freq_factor": self.high_freq_factor,
+                "original_max_position_embeddings": self.original_max_position_embeddings}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +76,9 @@ class ModelConfig:
     rms_norm_eps: float = 1e-6
     tie_embeddings: bool = True
     qkv_bias: bool = True  # True: Qwen2 layout; False: Llama layout
+    qk_norm: bool = False  # per-head RMSNorm of queries and keys before RoPE (Qwen3)
+    # None: plain RoPE; a RopeScaling (or a dict of its fields): Llama 3.x scaling
+    rope_scaling: RopeScaling | None = None
     max_position_embeddings: int = 2048
     dtype: str = "float32"  # activations: "float32" | "bfloat16"
     param_dtype: str = "float32"  # stored weights: "float32" | "bfloat16"
@@ -69,10 +113,21 @@ class ModelConfig:
             raise ValueError(f"ModelConfig.rope_theta must be > 0, got {self.rope_theta!r}")
         if not self.rms_norm_eps > 0:
             raise ValueError(f"ModelConfig.rms_norm_eps must be > 0, got {self.rms_norm_eps!r}")
+        if self.qk_norm and self.qkv_bias:
+            raise ValueError("ModelConfig.qk_norm=True (Qwen3) with qkv_bias=True is not "
+                             "supported: Qwen3 has no q/k/v bias")
+        if isinstance(self.rope_scaling, Mapping):  # from a config section or JSON
+            object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
+        if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
+            raise ValueError("ModelConfig.rope_scaling must be None or a RopeScaling, got "
+                             f"{self.rope_scaling!r}")
 
     @property
     def architecture(self) -> str:
-        """The Hugging Face class this config exports as (Qwen2 has q/k/v bias)."""
+        """The Hugging Face class this config exports as: Qwen3 has q/k norm, Qwen2 q/k/v
+        bias, Llama neither."""
+        if self.qk_norm:
+            return "Qwen3ForCausalLM"
         return "Qwen2ForCausalLM" if self.qkv_bias else "LlamaForCausalLM"
 
     @property
@@ -90,7 +145,7 @@ class ModelConfig:
     def from_config(cls, cfg_model: Mapping[str, Any]) -> ModelConfig:
         """From the `model` section of our config (ml_collections ConfigDict or dict).
 
-        `hf_path` and `critic` are accepted and ignored here; any other key that is
+        `hf_path`, `critic` and `lora` are accepted and ignored here; any other key that is
         not a field is an error listing the valid keys.
         """
         items = dict(cfg_model.items())
@@ -103,18 +158,15 @@ class ModelConfig:
 
     @classmethod
     def from_hf(cls, hf: Mapping[str, Any], **overrides) -> ModelConfig:
-        """From a Hugging Face `config.json` dict (transformers 4 or 5 form)."""
+        """From a Hugging Face `config.json` dict (transformers 4 or 5 form).
+
+        A setting this decoder does not implement (sliding-window layers, attention or
+        MLP bias outside Qwen2, another activation or RoPE type) is a ValueError that
+        names the config.json key.
+        """
         arch = _architecture_of(hf)
-        if hf.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"config.json hidden_act={hf['hidden_act']!r}; only 'silu' "
-                             "(SwiGLU) is supported")
-        if arch == "LlamaForCausalLM":
-            for key in ("attention_bias", "mlp_bias"):
-                if hf.get(key, False):
-                    raise ValueError(f"config.json {key}=True is not supported for Llama "
-                                     "(only Qwen2-style q/k/v bias is)")
-        if hf.get("use_sliding_window", False):
-            raise ValueError("config.json use_sliding_window=True is not supported")
+        _check_supported(hf, arch)
+        theta, rope_scaling = _rope(hf)
         num_heads = hf["num_attention_heads"]
         head_dim = hf.get("head_dim") or hf["hidden_size"] // num_heads
         values = dict(
@@ -125,10 +177,12 @@ class ModelConfig:
             num_heads=num_heads,
             num_kv_heads=hf.get("num_key_value_heads") or num_heads,
             head_dim=head_dim,
-            rope_theta=float(_rope_theta(hf)),
+            rope_theta=float(theta),
             rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
             tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
             qkv_bias=arch == "Qwen2ForCausalLM",
+            qk_norm=arch == "Qwen3ForCausalLM",
+            rope_scaling=rope_scaling,
             max_position_embeddings=hf.get("max_position_embeddings", 2048),
             bos_token_id=_single_id(hf.get("bos_token_id")),
             eos_token_id=_single_id(hf.get("eos_token_id")),
@@ -142,7 +196,7 @@ class ModelConfig:
         arch = self.architecture
         hf = {
             "architectures": [arch],
-            "model_type": "qwen2" if arch == "Qwen2ForCausalLM" else "llama",
+            "model_type": _ARCH_MODEL_TYPES[arch],
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,
@@ -152,7 +206,7 @@ class ModelConfig:
             "head_dim": self.head_dim,
             "hidden_act": "silu",
             "rms_norm_eps": self.rms_norm_eps,
-            "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta},
+            "rope_parameters": self._rope_parameters(),
             "tie_word_embeddings": self.tie_embeddings,
             "max_position_embeddings": self.max_position_embeddings,
             "bos_token_id": self.bos_token_id,
@@ -164,7 +218,14 @@ class ModelConfig:
             hf.update(attention_bias=False, mlp_bias=False)
         else:
             hf.update(use_sliding_window=False)
+        if arch == "Qwen3ForCausalLM":
+            hf.update(attention_bias=False)
         return hf
+
+    def _rope_parameters(self) -> dict[str, Any]:
+        if self.rope_scaling is None:
+            return {"rope_type": "default", "rope_theta": self.rope_theta}
+        return {**self.rope_scaling.to_hf(), "rope_theta": self.rope_theta}
 
 
 def _architecture_of(hf: Mapping[str, Any]) -> str:
@@ -179,16 +240,60 @@ def _architecture_of(hf: Mapping[str, Any]) -> str:
     return arch
 
 
-def _rope_theta(hf: Mapping[str, Any]) -> float:
-    """Theta from `rope_parameters` (transformers 5) or `rope_theta` (older files)."""
-    params = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+def _check_supported(hf: Mapping[str, Any], arch: str):
+    """ValueError naming the first config.json setting this decoder does not implement."""
+    if hf.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"config.json hidden_act={hf['hidden_act']!r}; only 'silu' "
+                         "(SwiGLU) is supported")
+    if arch != "Qwen2ForCausalLM":  # Qwen2's q/k/v bias is implied, not a key
+        for key in ("attention_bias", "mlp_bias"):
+            if hf.get(key, False):
+                raise ValueError(f"config.json {key}=True is not supported for {arch} "
+                                 "(only Qwen2-style q/k/v bias is)")
+    if hf.get("use_sliding_window", False):
+        raise ValueError("config.json use_sliding_window=True is not supported")
+    other_layers = sorted({t for t in hf.get("layer_types") or [] if t != "full_attention"})
+    if other_layers:
+        raise ValueError(f"config.json layer_types has {other_layers}; only "
+                         "'full_attention' layers are supported")
+
+
+# Keys a `rope_parameters` / `rope_scaling` dict may hold (others are errors).
+_ROPE_KEYS = {"rope_type", "type", "rope_theta", "partial_rotary_factor",
+              *(f.name for f in dataclasses.fields(RopeScaling))}
+
+
+def _rope(hf: Mapping[str, Any]) -> tuple[float, RopeScaling | None]:
+    """(theta, scaling) from `rope_parameters` (transformers 5) or `rope_theta` and
+    `rope_scaling` (older files)."""
+    params = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+    unknown = sorted(set(params) - _ROPE_KEYS)
+    if unknown:
+        raise ValueError(f"config.json rope parameter(s) {unknown} are not supported; "
+                         f"known: {sorted(_ROPE_KEYS)}")
+    partial = params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
+    if partial != 1.0:
+        raise ValueError(f"config.json partial_rotary_factor={partial!r} is not supported; "
+                         "only 1.0 (RoPE on the whole head)")
     rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type != "default":
+    if rope_type not in ROPE_TYPES:
         raise ValueError(f"config.json rope_type={rope_type!r} is not supported; "
-                         "allowed: ['default']")
-    if "rope_theta" in params:
-        return params["rope_theta"]
-    return hf.get("rope_theta", 10000.0)
+                         f"allowed: {list(ROPE_TYPES)}")
+    theta = params.get("rope_theta", hf.get("rope_theta", 10000.0))
+    if rope_type == "default":
+        return theta, None
+    # as transformers: a top-level original_max_position_embeddings wins, and
+    # max_position_embeddings stands in when neither is given
+    original = hf.get("original_max_position_embeddings",
+                      params.get("original_max_position_embeddings",
+                                 hf.get("max_position_embeddings")))
+    missing = [k for k in ("factor", "low_freq_factor", "high_freq_factor") if k not in params]
+    if missing:
+        raise ValueError(f"config.json rope_type='llama3' needs rope parameter(s) {missing}")
+    return theta, RopeScaling(
+        factor=float(params["factor"]), low_freq_factor=float(params["low_freq_factor"]),
+        high_freq_factor=float(params["high_freq_factor"]),
+        original_max_position_embeddings=original)
 
 
 def _single_id(value):

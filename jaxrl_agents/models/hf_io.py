@@ -17,6 +17,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from jaxrl_agents.models import gguf_import, lora
 from jaxrl_agents.models.config import DTYPES, ModelConfig
 from jaxrl_agents.models.transformer import Transformer
 
@@ -29,6 +30,8 @@ _LAYER_NAMES = {
     ("attn", "q_bias"): "self_attn.q_proj.bias",
     ("attn", "k_bias"): "self_attn.k_proj.bias",
     ("attn", "v_bias"): "self_attn.v_proj.bias",
+    ("attn", "q_norm"): "self_attn.q_norm.weight",
+    ("attn", "k_norm"): "self_attn.k_norm.weight",
     ("mlp", "gate_proj"): "mlp.gate_proj.weight",
     ("mlp", "up_proj"): "mlp.up_proj.weight",
     ("mlp", "down_proj"): "mlp.down_proj.weight",
@@ -141,18 +144,38 @@ def _check_tensors(reader: _Safetensors, expected: dict[str, tuple], directory: 
                              f"the config expects {list(shape)}")
 
 
-def load(path_or_repo_id: str, dtype: str = "float32", mesh=None, **config_overrides):
-    """Read a Qwen2 / Llama checkpoint; returns (Transformer, ModelConfig).
+def _dtype_name(dtype, arg: str) -> str:
+    """ "float32", jnp.float32, np.float32 or np.dtype("float32") -> "float32"."""
+    try:
+        name = np.dtype(dtype).name if dtype is not None else None
+    except TypeError:
+        name = None
+    if name not in DTYPES:
+        raise ValueError(f"load({arg}={dtype!r}); allowed: {sorted(DTYPES)} "
+                         "(names, or the jnp / numpy dtypes)")
+    return name
 
-    dtype: the parameter and activation dtype ("float32" | "bfloat16"); a
-    `param_dtype` override stores the parameters in another.
+
+def load(path_or_repo_id: str, dtype: str = "float32", mesh=None, **config_overrides):
+    """Read a Qwen2 / Qwen3 / Llama checkpoint; returns (Transformer, ModelConfig).
+
+    path_or_repo_id: a Hugging Face checkpoint directory or hub id, or a GGUF source (a
+    .gguf file, a directory with one, or a preset such as "smollm2-135m-instruct"),
+    converted once into a cached Hugging Face directory (`gguf_import`).
+    dtype: the parameter and activation dtype ("float32" | "bfloat16", or the jnp /
+    numpy dtype); a `param_dtype` override stores the parameters in another.
     mesh: a `jax.sharding.Mesh` to place parameters on (by the logical-axis
     rules of `jaxrl_agents.sharding`); None puts them on the first device.
     config_overrides: ModelConfig fields to change (e.g. remat=True, scan_layers=True).
     """
-    if dtype not in DTYPES:
-        raise ValueError(f"load(dtype={dtype!r}); allowed: {sorted(DTYPES)}")
-    directory = resolve_path(path_or_repo_id)
+    dtype = _dtype_name(dtype, "dtype")
+    if "param_dtype" in config_overrides:
+        config_overrides["param_dtype"] = _dtype_name(config_overrides["param_dtype"],
+                                                      "param_dtype")
+    if gguf_import.is_gguf_source(path_or_repo_id):
+        directory = gguf_import.resolve(path_or_repo_id)
+    else:
+        directory = resolve_path(path_or_repo_id)
     overrides = {"dtype": dtype, "param_dtype": dtype, **config_overrides}
     config = read_config(directory, **overrides)
     reader = _Safetensors(directory)
@@ -190,10 +213,11 @@ def load(path_or_repo_id: str, dtype: str = "float32", mesh=None, **config_overr
 
 
 def export_tensors(model: Transformer) -> dict[str, jax.Array]:
-    """Hugging Face name -> array (per layer; stacked blocks are unstacked)."""
+    """Hugging Face name -> array (per layer; stacked blocks are unstacked). LoRA adapters
+    are merged into their weights (W + (alpha / r) B A): a plain checkpoint."""
     cfg = model.config
     tensors = {}
-    for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+    for path, var in nnx.to_flat_state(lora.merged_params(model)):
         names = hf_names(path, cfg.num_layers)
         value = var[...]
         if path[0] == "blocks":

@@ -25,9 +25,15 @@ CHAT_TEMPLATE = (
 
 
 def load_tokenizer(path: str):
-    """`transformers.AutoTokenizer` from a local directory (or a hub id when online)."""
+    """`transformers.AutoTokenizer` from a local directory (or a hub id when online), or
+    from a GGUF source (a .gguf file, a directory with one, or a preset such as
+    "smollm2-135m-instruct"): its converted Hugging Face directory (`gguf_import`)."""
     from transformers import AutoTokenizer
 
+    from jaxrl_agents.models import gguf_import
+
+    if gguf_import.is_gguf_source(path):
+        path = gguf_import.resolve(path)
     try:
         return AutoTokenizer.from_pretrained(path)
     except OSError as err:

@@ -1,10 +1,11 @@
-"""One Flax NNX decoder for the Qwen2 / Qwen2.5 and Llama families.
+"""One Flax NNX decoder for the Qwen2 / Qwen2.5, Qwen3 and Llama (up to 3.x) families.
 
-Token embedding, RoPE, RMSNorm, grouped-query attention (optional q/k/v bias),
-SwiGLU MLP, tied or untied output embedding. Weights keep the Hugging Face
-orientation (`[out_features, in_features]`) so checkpoints load without
-transposes, and every parameter carries logical axis names (`out_sharding`
-metadata) that `jaxrl_agents.sharding` maps onto the mesh.
+Token embedding, RoPE (optionally with Llama 3 frequency scaling), RMSNorm,
+grouped-query attention (optional q/k/v bias, or per-head q/k RMSNorm), SwiGLU MLP,
+tied or untied output embedding. Weights keep the Hugging Face orientation
+(`[out_features, in_features]`) so checkpoints load without transposes, and every
+parameter carries logical axis names (`out_sharding` metadata) that
+`jaxrl_agents.sharding` maps onto the mesh.
 
 Shape letters: B batch, T query length, S key length (T, or the cache length),
 D hidden size, V vocab, N query heads, K kv heads, G = N // K, H head dim,
@@ -19,6 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxrl_agents.models import lora
 from jaxrl_agents.models.config import ModelConfig
 
 _MASKED = -1e30  # added to masked attention scores (finite: no NaN on empty rows)
@@ -35,6 +37,13 @@ def _param(rngs: nnx.Rngs, shape, axes, dtype, init="normal") -> nnx.Param:
     return nnx.Param(value, out_sharding=axes, eager_sharding=False)
 
 
+def _dense(module: nnx.Module, name: str, x_bti, dtype):
+    """x @ W^T for `module`'s weight `name` ([out, in]) in `dtype`, plus the weight's LoRA
+    adapter delta when it has one (models/lora.py). [B, T, in] -> [B, T, out]."""
+    y = jnp.einsum("bti,oi->bto", x_bti, getattr(module, name)[...].astype(dtype))
+    return lora.add_delta(module, name, x_bti, y)
+
+
 # ----------------------------------------------------------------------------- maths
 
 
@@ -45,9 +54,38 @@ def rms_norm(x_btd, scale_d, eps):
     return (scale_d.astype(jnp.float32) * x32).astype(x_btd.dtype)
 
 
-def rope_tables(positions_bt, head_dim, theta):
-    """cos and sin tables [B, T, H] for rotate-half RoPE (the Hugging Face layout)."""
-    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+def rope_inv_freq(head_dim: int, theta: float):
+    """RoPE inverse frequencies [H/2]: theta^(-2i/H) for i < H/2, in float32."""
+    return 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+
+
+def llama3_inv_freq(inv_freq_h, factor, low_freq_factor, high_freq_factor, original_len):
+    """Llama 3.x scaled inverse frequencies [H/2] (transformers' `_compute_llama3_parameters`).
+
+    With wavelength w = 2 pi / f, low = original_len / low_freq_factor and
+    high = original_len / high_freq_factor (high < low):
+        w < high:         f                                  (kept)
+        w > low:          f / factor
+        otherwise:        (1 - s) f / factor + s f,  s = (original_len / w - low_freq_factor)
+                                                         / (high_freq_factor - low_freq_factor)
+    """
+    low, high = original_len / low_freq_factor, original_len / high_freq_factor
+    wavelen = 2 * jnp.pi / inv_freq_h
+    scaled = jnp.where(wavelen > low, inv_freq_h / factor, inv_freq_h)
+    smooth = (original_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    return jnp.where((wavelen >= high) & (wavelen <= low), smoothed, scaled)
+
+
+def rope_tables(positions_bt, cfg: ModelConfig):
+    """cos and sin tables [B, T, H] for rotate-half RoPE (the Hugging Face layout), with
+    `cfg.rope_scaling` (Llama 3.x) applied to the frequencies when set."""
+    inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta)  # (H/2,)
+    scaling = cfg.rope_scaling
+    if scaling is not None:
+        inv_freq = llama3_inv_freq(inv_freq, scaling.factor, scaling.low_freq_factor,
+                                   scaling.high_freq_factor,
+                                   scaling.original_max_position_embeddings)
     angles = positions_bt.astype(jnp.float32)[..., None] * inv_freq  # (B, T, H/2)
     angles = jnp.concatenate([angles, angles], axis=-1)  # (B, T, H)
     return jnp.cos(angles), jnp.sin(angles)
@@ -127,7 +165,8 @@ class RMSNorm(nnx.Module):
 
 
 class Attention(nnx.Module):
-    """GQA self-attention. Weights: q [N*H, D], k/v [K*H, D], o [D, N*H]."""
+    """GQA self-attention. Weights: q [N*H, D], k/v [K*H, D], o [D, N*H]; with qk_norm
+    (Qwen3) the RMSNorm scales q_norm, k_norm [H], shared by all heads."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         d, n, k, h = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -140,28 +179,35 @@ class Attention(nnx.Module):
             self.q_bias = _param(rngs, (n * h,), ("heads",), pd, init="zeros")
             self.k_bias = _param(rngs, (k * h,), ("kv_heads",), pd, init="zeros")
             self.v_bias = _param(rngs, (k * h,), ("kv_heads",), pd, init="zeros")
+        if cfg.qk_norm:
+            self.q_norm = _param(rngs, (h,), ("head_dim",), pd, init="ones")
+            self.k_norm = _param(rngs, (h,), ("head_dim",), pd, init="ones")
         self.cfg = cfg
 
-    def _project(self, x_btd, weight, bias, heads):
+    def _project(self, x_btd, name, bias, heads):
         dt = self.cfg.jnp_dtype
-        y = jnp.einsum("btd,fd->btf", x_btd, weight[...].astype(dt))
+        y = _dense(self, name, x_btd, dt)  # (B, T, heads*H)
         if bias is not None:
             y = y + bias[...].astype(dt)
         return y.reshape(*y.shape[:2], heads, self.cfg.head_dim)  # (B, T, heads, H)
 
     def qkv(self, x_btd, cos_bth, sin_bth):
-        """Rotated queries [B, T, N, H] and keys, values [B, T, K, H]."""
+        """Rotated queries [B, T, N, H] and keys, values [B, T, K, H] (with qk_norm,
+        queries and keys are RMS-normalised per head before the rotation)."""
         cfg = self.cfg
         bias = cfg.qkv_bias
-        q = self._project(x_btd, self.q_proj, self.q_bias if bias else None, cfg.num_heads)
-        k = self._project(x_btd, self.k_proj, self.k_bias if bias else None, cfg.num_kv_heads)
-        v = self._project(x_btd, self.v_proj, self.v_bias if bias else None, cfg.num_kv_heads)
+        q = self._project(x_btd, "q_proj", self.q_bias if bias else None, cfg.num_heads)
+        k = self._project(x_btd, "k_proj", self.k_bias if bias else None, cfg.num_kv_heads)
+        v = self._project(x_btd, "v_proj", self.v_bias if bias else None, cfg.num_kv_heads)
+        if cfg.qk_norm:
+            q = rms_norm(q, self.q_norm[...], cfg.rms_norm_eps)  # (B, T, N, H)
+            k = rms_norm(k, self.k_norm[...], cfg.rms_norm_eps)  # (B, T, K, H)
         return apply_rope(q, cos_bth, sin_bth), apply_rope(k, cos_bth, sin_bth), v
 
     def output(self, attn_btnh):
         b, t = attn_btnh.shape[:2]
         flat = attn_btnh.reshape(b, t, -1)  # (B, T, N*H)
-        return jnp.einsum("btf,df->btd", flat, self.o_proj[...].astype(self.cfg.jnp_dtype))
+        return _dense(self, "o_proj", flat, self.cfg.jnp_dtype)  # (B, T, D)
 
 
 class MLP(nnx.Module):
@@ -176,9 +222,9 @@ class MLP(nnx.Module):
 
     def __call__(self, x_btd):
         dt = self.dtype
-        gate = jnp.einsum("btd,fd->btf", x_btd, self.gate_proj[...].astype(dt))
-        up = jnp.einsum("btd,fd->btf", x_btd, self.up_proj[...].astype(dt))
-        return jnp.einsum("btf,df->btd", jax.nn.silu(gate) * up, self.down_proj[...].astype(dt))
+        gate = _dense(self, "gate_proj", x_btd, dt)  # (B, T, F)
+        up = _dense(self, "up_proj", x_btd, dt)  # (B, T, F)
+        return _dense(self, "down_proj", jax.nn.silu(gate) * up, dt)  # (B, T, D)
 
 
 class Block(nnx.Module):
@@ -191,49 +237,154 @@ class Block(nnx.Module):
         self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pd, rngs=rngs)
         self.mlp = MLP(cfg, rngs=rngs)
 
-    def __call__(self, x_btd, cos_bth, sin_bth, mask_bts, kv=None, cache_index=None):
-        """One layer. Without `kv`, attends over its own T keys and returns (x, None).
+    def __call__(self, x_btd, cos_bth, sin_bth, mask_btt):
+        """One layer over T tokens attending to each other under mask_btt [B, T, T]."""
+        q, k, v = self.attn.qkv(self.input_norm(x_btd), cos_bth, sin_bth)
+        return self._finish(x_btd, causal_attend(q, k, v, mask_btt))
 
-        With `kv = (k_cache, v_cache)` [B, S, K, H], writes this call's keys and
-        values at slots [cache_index, cache_index + T), attends over all S slots
-        (mask_bts is [B, T, S]) and returns (x, (k_cache, v_cache)).
+    def cached(self, x_btd, cos_bth, sin_bth, mask_bts, cache: KVCache, layer, cache_index,
+               prefixes: bool):
+        """One layer over T new tokens against the KV cache of all layers.
+
+        Writes this layer's keys and values of the new tokens at slots
+        [cache_index, cache_index + T) of `cache[layer]` (in place: only those slots
+        change) and attends over the cache under mask_bts [B, T, S]: over the smallest
+        filled prefix (`cached_attention`) when `prefixes`, else over all S slots.
+        Returns (x [B, T, D], cache).
         """
         q, k, v = self.attn.qkv(self.input_norm(x_btd), cos_bth, sin_bth)
-        if kv is not None:
-            k_cache, v_cache = kv
-            start = (0, cache_index, 0, 0)
-            k = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype), start)
-            v = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype), start)
-            kv = (k, v)
-            attn = attend(q, k, v, mask_bts)
-        else:  # self-attention under a causal mask
-            attn = causal_attend(q, k, v, mask_bts)
-        x_btd = x_btd + self.attn.output(attn)
-        x_btd = x_btd + self.mlp(self.post_attn_norm(x_btd))
-        return x_btd, kv
+        cache = cache.write(layer, cache_index, k, v)
+        keys, values = cache.layer(layer)
+        if prefixes:
+            attn = cached_attention(q, keys, values, mask_bts, used=cache_index + q.shape[1])
+        else:
+            attn = cache_attention(q, keys, values, mask_bts)
+        return self._finish(x_btd, attn), cache
+
+    def _finish(self, x_btd, attn_btnh):
+        x_btd = x_btd + self.attn.output(attn_btnh)
+        return x_btd + self.mlp(self.post_attn_norm(x_btd))
+
+
+def _run_block(graphdef, block_state, x, cos, sin, mask):
+    return nnx.merge(graphdef, block_state)(x, cos, sin, mask)
+
+
+# ----------------------------------------------------------------------------- KV cache
 
 
 class KVCache(NamedTuple):
-    """Keys and values of every layer: k, v [L, B, S, K, H] (S = max cache length)."""
+    """Keys and values of every layer: k [L, B, K, H, S], v [L, B, K, S, H].
+
+    Keys are stored with the slots last and values with the head dims last: both
+    attention matmuls then run along contiguous memory and read the cache as it is
+    stored (with keys [.., S, H] a decode step's score matmul took ~40% of its time on
+    CPU). All rows of a call write the same slots (`cache_index`), so a batch with rows
+    of unequal lengths has masked holes; RoPE positions count real tokens only.
+    """
 
     k: jax.Array
     v: jax.Array
 
+    @property
+    def slots(self) -> int:
+        return int(self.k.shape[KEY_AXES.index("length")])
 
-def _run_block(graphdef, block_state, x, cos, sin, mask, kv, cache_index):
-    return nnx.merge(graphdef, block_state)(x, cos, sin, mask, kv, cache_index)
+    def write(self, layer, start, k_btkh, v_btkh) -> KVCache:
+        """The cache with layer `layer`'s slots [start, start + T) set to k, v [B, T, K, H]."""
+        zero = jnp.zeros((), jnp.int32)
+        layer, start = jnp.asarray(layer, jnp.int32), jnp.asarray(start, jnp.int32)
+        k_new = k_btkh.transpose(0, 2, 3, 1)[None].astype(self.k.dtype)  # (1, B, K, H, T)
+        v_new = v_btkh.transpose(0, 2, 1, 3)[None].astype(self.v.dtype)  # (1, B, K, T, H)
+        k = jax.lax.dynamic_update_slice(self.k, k_new, (layer, zero, zero, zero, start))
+        v = jax.lax.dynamic_update_slice(self.v, v_new, (layer, zero, zero, start, zero))
+        return KVCache(k, v)
+
+    def layer(self, layer):
+        """(keys [B, K, H, S], values [B, K, S, H]) of one layer."""
+        return (jax.lax.dynamic_index_in_dim(self.k, layer, 0, keepdims=False),
+                jax.lax.dynamic_index_in_dim(self.v, layer, 0, keepdims=False))
+
+    def prefix(self, n: int) -> KVCache:
+        """The first n slots of every layer."""
+        return KVCache(self.k[..., :n], self.v[..., :n, :])
+
+    def with_prefix(self, head: KVCache) -> KVCache:
+        """This cache with its first slots replaced by `head` (a `prefix` of it)."""
+        zeros = (0,) * self.k.ndim
+        return KVCache(jax.lax.dynamic_update_slice(self.k, head.k, zeros),
+                       jax.lax.dynamic_update_slice(self.v, head.v, zeros))
+
+
+# Logical axes of the cache buffers (sharding rules and the memory plan).
+KEY_AXES = ("layers", "batch", "kv_heads", "head_dim", "length")
+VALUE_AXES = ("layers", "batch", "kv_heads", "length", "head_dim")
+# Attention over a cache reads the smallest of up to 4 prefixes (S, S/2, S/4, S/8, none
+# under 128 slots) that holds the filled slots.
+ATTENTION_PREFIXES, MIN_ATTENTION_PREFIX = 4, 128
+
+
+def prefix_sizes(slots: int) -> list[int]:
+    """The cache prefixes attention may be cut to, smallest first: slots, slots / 2, ...
+    down to `MIN_ATTENTION_PREFIX`, at most `ATTENTION_PREFIXES` of them."""
+    sizes = [slots]
+    while (len(sizes) < ATTENTION_PREFIXES and sizes[-1] % 2 == 0
+           and sizes[-1] // 2 >= MIN_ATTENTION_PREFIX):
+        sizes.append(sizes[-1] // 2)
+    return sizes[::-1]
+
+
+def cached_attention(q_btnh, k_bkhs, v_bksh, mask_bts, used):
+    """Grouped-query attention of T queries over one layer's cache, reading only its
+    filled part.
+
+    Keys [B, K, H, S], values [B, K, S, H], as the cache stores them; mask_bts [B, T, S]:
+    True where query t may see slot s, never at a slot >= `used` (a traced int). The
+    attention runs over the smallest of `prefix_sizes(S)` that holds `used` slots (one
+    compiled branch per size, chosen by `lax.switch`), so a step early in a long cache does
+    not pay for the empty rest. Returns [B, T, N, H].
+    """
+    sizes = prefix_sizes(k_bkhs.shape[3])
+    if len(sizes) == 1:
+        return cache_attention(q_btnh, k_bkhs, v_bksh, mask_bts)
+    branches = [
+        lambda q, k, v, m, n=n: cache_attention(q, k[..., :n], v[:, :, :n], m[..., :n])
+        for n in sizes
+    ]
+    used = jnp.asarray(used)
+    branch = sum((used > n).astype(jnp.int32) for n in sizes[:-1])
+    return jax.lax.switch(branch, branches, q_btnh, k_bkhs, v_bksh, mask_bts)
+
+
+def cache_attention(q_btnh, k_bkhs, v_bksh, mask_bts):
+    """Attention of T queries over all S slots of one layer's cache (float32 scores and
+    softmax). Returns [B, T, N, H]."""
+    b, t, n, h = q_btnh.shape
+    k, s = k_bkhs.shape[1], k_bkhs.shape[3]
+    g = n // k
+    q = q_btnh.reshape(b, t, k, g, h).transpose(0, 2, 3, 1, 4).reshape(b, k, g * t, h)
+    if t == 1:  # a decode step: G rows per kv head, a product-and-sum beats a tiny matmul
+        scores = jnp.sum(q.astype(jnp.float32)[..., None] * k_bkhs[:, :, None], axis=-2)
+    else:
+        scores = jnp.einsum("bkqh,bkhs->bkqs", q, k_bkhs, preferred_element_type=jnp.float32)
+    scores = scores.reshape(b, k, g, t, s) * (h ** -0.5)
+    scores = jnp.where(mask_bts[:, None, None], scores, _MASKED)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v_bksh.dtype).reshape(b, k, g * t, s)
+    out = jnp.einsum("bkqs,bksh->bkqh", probs, v_bksh)  # (B, K, G*T, H)
+    return out.reshape(b, k, g, t, h).transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
 
 
 # ----------------------------------------------------------------------------- model
 
 
 class Transformer(nnx.Module):
-    """The decoder. `model(input_ids) -> logits`; see `__call__` and `forward_with_cache`.
+    """The decoder: `model(input_ids) -> logits`, `hidden_states` + `logits` for the
+    learner, and `forward_with_cache` for the sampler (prefill and decode).
 
     With `scan_layers` the layers live stacked in `self.blocks` (leading axis
-    `layers`, size L) and run under `lax.scan`; otherwise in `self.layers`
-    (an `nnx.List`). With `remat` each layer is recomputed in the backward pass, keeping
-    what REMAT_POLICIES says.
+    `layers`, size L) and run under `lax.scan`, so compile time does not grow with depth;
+    otherwise in `self.layers` (an `nnx.List`), unrolled. With `remat` each layer is
+    recomputed in the backward pass, keeping what REMAT_POLICIES says.
     """
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
@@ -267,75 +418,83 @@ class Transformer(nnx.Module):
         if positions is None:
             positions = default_positions(attention_mask)
         mask = causal_padding_mask(attention_mask)
-        x, _ = self._trunk(input_ids, positions, mask, None, None)
+        x, cos, sin = self._embed(input_ids, positions)
+        run = _remat(_run_block, self.config.remat)
+        if self.config.scan_layers:
+            graphdef, state = nnx.split(self.blocks)
+            x, _ = jax.lax.scan(lambda x, s: (run(graphdef, s, x, cos, sin, mask), None),
+                                x, state)
+        else:
+            for block in self.layers:
+                graphdef, state = nnx.split(block)
+                x = run(graphdef, state, x, cos, sin, mask)
         return self.final_norm(x)
 
     def logits(self, hidden_btd):
-        """Output projection [B, T, D] -> float32 [B, T, V] (tied: the embedding)."""
+        """Output projection [..., D] -> float32 [..., V] (tied: the embedding)."""
         table = self.embed_tokens if self.config.tie_embeddings else self.lm_head
         w = table[...].astype(hidden_btd.dtype)
-        return jnp.einsum("btd,vd->btv", hidden_btd, w, preferred_element_type=jnp.float32)
+        return jnp.einsum("...d,vd->...v", hidden_btd, w, preferred_element_type=jnp.float32)
 
-    def init_cache(self, batch: int, max_len: int, dtype=None) -> KVCache:
-        """Zeroed cache: k, v [L, batch, max_len, K, H] in `dtype` (default: activations)."""
+    def init_cache(self, batch: int, slots: int, dtype=None) -> KVCache:
+        """Zeroed cache: k [L, batch, K, H, slots], v [L, batch, K, slots, H] in `dtype`
+        (default: the activation dtype)."""
         cfg = self.config
-        shape = (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim)
         dtype = cfg.jnp_dtype if dtype is None else dtype
-        return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
+        keys = (cfg.num_layers, batch, cfg.num_kv_heads, cfg.head_dim, slots)
+        values = (cfg.num_layers, batch, cfg.num_kv_heads, slots, cfg.head_dim)
+        return KVCache(jnp.zeros(keys, dtype), jnp.zeros(values, dtype))
 
     def forward_with_cache(self, input_ids, positions, cache: KVCache, cache_index,
-                           cache_mask):
-        """Prefill (T > 1) or decode (T = 1) step against a KV cache.
+                           cache_mask, *, prefixes: bool = True, last_only: bool = True):
+        """Prefill (T > 1) or decode (T = 1) against a KV cache.
 
         input_ids [B, T] int32, positions [B, T] (RoPE positions of the new tokens),
-        cache: KVCache with k, v [L, B, S, K, H], cache_index: int scalar, the slot
-        where the first new token is written (all rows write the same slots
-        [cache_index, cache_index + T)), cache_mask [B, S] bool: which slots hold
-        real tokens *after* this write (the caller sets the new slots of real tokens).
-        Query t sees slot s when cache_mask[b, s] and s <= cache_index + t.
-        Returns (float32 logits [B, T, V], updated KVCache).
+        cache: `KVCache` of S slots, cache_index: int scalar, the slot where the first new
+        token is written (all rows write the same slots [cache_index, cache_index + T)),
+        cache_mask [B, S] bool: which slots hold real tokens *after* this write (the caller
+        sets the new slots of real tokens). Query t sees slot s when cache_mask[b, s] and
+        s <= cache_index + t. `prefixes`: attention reads only the filled prefix of the
+        cache (`cached_attention`; a decode loop that already works on a prefix passes
+        False). Returns (float32 logits, cache): logits [B, V] of the last position when
+        `last_only` (rows are left-padded, so it is every row's newest token), else
+        [B, T, V].
         """
-        t = input_ids.shape[1]
-        s = cache.k.shape[2]
+        t, s = input_ids.shape[1], cache_mask.shape[1]
         query_slot = cache_index + jnp.arange(t)  # (T,)
         causal = jnp.arange(s)[None, :] <= query_slot[:, None]  # (T, S)
         mask = causal[None] & cache_mask[:, None, :].astype(bool)  # (B, T, S)
-        x, cache = self._trunk(input_ids, positions, mask, cache, cache_index)
+        x, cos, sin = self._embed(input_ids, positions)
+        layer_args = (cos, sin, mask)
+
+        def one_layer(x, cache, graphdef, state, layer):
+            block = nnx.merge(graphdef, state)
+            return block.cached(x, *layer_args, cache, layer, cache_index, prefixes)
+
+        if self.config.scan_layers:
+            graphdef, state = nnx.split(self.blocks)
+
+            def body(carry, layer_state):
+                x, cache, layer = carry
+                x, cache = one_layer(x, cache, graphdef, layer_state, layer)
+                return (x, cache, layer + 1), None
+
+            (x, cache, _), _ = jax.lax.scan(body, (x, cache, jnp.int32(0)), state)
+        else:
+            for layer, block in enumerate(self.layers):
+                x, cache = one_layer(x, cache, *nnx.split(block), layer)
+        if last_only:
+            x = x[:, -1]
         return self.logits(self.final_norm(x)), cache
 
     # -- internals
 
-    def _trunk(self, input_ids, positions, mask, cache, cache_index):
-        """Embedding and all layers; returns (x [B, T, D] before the final norm, cache)."""
+    def _embed(self, input_ids, positions):
+        """Token embeddings [B, T, D] and the RoPE tables [B, T, H] of the positions."""
         cfg = self.config
         x = self.embed_tokens[...][input_ids].astype(cfg.jnp_dtype)  # (B, T, D)
-        cos, sin = rope_tables(positions, cfg.head_dim, cfg.rope_theta)
-        run = _remat(_run_block, cfg.remat)
-        if cfg.scan_layers:
-            return self._scan_layers(run, x, cos, sin, mask, cache, cache_index)
-        new_k, new_v = [], []
-        for i, block in enumerate(self.layers):
-            graphdef, state = nnx.split(block)
-            kv = None if cache is None else (cache.k[i], cache.v[i])
-            x, kv = run(graphdef, state, x, cos, sin, mask, kv, cache_index)
-            if kv is not None:
-                new_k.append(kv[0])
-                new_v.append(kv[1])
-        if cache is not None:
-            cache = KVCache(jnp.stack(new_k), jnp.stack(new_v))
-        return x, cache
-
-    def _scan_layers(self, run, x, cos, sin, mask, cache, cache_index):
-        graphdef, state = nnx.split(self.blocks)
-
-        def body(x, layer):
-            block_state, kv = layer
-            x, kv = run(graphdef, block_state, x, cos, sin, mask, kv, cache_index)
-            return x, kv
-
-        kv_stack = None if cache is None else (cache.k, cache.v)
-        x, kv_stack = jax.lax.scan(body, x, (state, kv_stack))
-        return x, (None if cache is None else KVCache(*kv_stack))
+        cos, sin = rope_tables(positions, cfg)
+        return x, cos, sin
 
 
 # model.remat -> what a layer keeps for the backward pass; the rest is recomputed.

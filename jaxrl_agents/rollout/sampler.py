@@ -1,28 +1,27 @@
-"""The KV-cache sampler: prefill a chunk of tokens, then decode inside one `lax.while_loop`.
+"""The sampler: prefill a chunk of tokens, then decode inside one `lax.while_loop`.
+
+The sampler owns sampling, stopping, constrained decoding and the decode loop; the
+model owns the decoder, attention, the KV cache (`KVCache`) and RoPE: prefill and every
+decode step run through `Transformer.forward_with_cache`, the same layers the learner
+trains (so the sampler's log-probs equal the learner's, tests/rollout/test_sampler.py).
+With `model.scan_layers` the layers run under `lax.scan`, so the programs' compile time
+does not grow with depth.
 
 One call of the compiled program (`_extend`) writes a chunk of new tokens (a prompt, or the
 observation of a new turn) onto a preallocated cache and then samples up to `max_new` tokens,
 so a whole generation is one device call. Programs are compiled per shape bucket: batch B,
 chunk length P and cache length S are rounded up to a few sizes (`bucket`), and sampling
-settings are static, so a run compiles a handful of programs.
+settings are static, so a run compiles a handful of programs. Prefill keeps the logits of
+the chunk's last position only ([B, V], never [B, P, V]).
 
 Cache layout. All rows of a call write the same slots, so rows are left-padded inside a
 chunk and the decode slots of a row that already stopped stay masked: a row's real tokens
 sit in the cache with holes in between. RoPE positions count real tokens only, so the holes
 change nothing; `_compact` squeezes them out (stable, per row) when the cache would
 overflow, and `_grow` pads the cache to the next size bucket when that is not enough.
-The cache is one (k, v) pair of buffers per layer (`LayerCache`), so the decode loop
-updates each in place (a stacked `KVCache` would be copied whole at every token). Keys are
-stored [B, K, H, S] and values [B, K, S, H]: both attention matmuls then run along
-contiguous memory (slots for the scores, head dims for the output) and read the cache as it
-is stored (`cached_attention`); with keys stored [B, K, S, H] the decode step's score
-matmul took ~40% of its time on this CPU (bench/rollout.py). The decode loop runs in
-phases over growing prefixes of the cache (S/8, S/4, S/2, S; none under 128 slots): each
-phase reads and writes only its prefix, cut from the cache once when the phase starts and
-written back once when it ends. Each layer runs from its
-`Block`'s own parameters, joined once per call into `DecodeWeights`, with the model's
-`rms_norm` and `apply_rope`; the sampler's log-probs equal the model's teacher-forced ones
-(tests/rollout/test_sampler.py).
+The decode loop runs in phases over growing prefixes of the cache (S/8, S/4, S/2, S; none
+under 128 slots): each phase reads and writes only its prefix, cut from the cache once when
+the phase starts and written back once when it ends.
 
 Shape letters: B batch, P chunk length, M max new tokens, S cache slots, V vocab.
 """
@@ -40,15 +39,7 @@ import numpy as np
 from flax import nnx
 
 from jaxrl_agents.data.packing import bucket
-from jaxrl_agents.models.transformer import apply_rope, rms_norm, rope_tables
-
-# One (k, v) pair per layer: k [B, K, H, S], v [B, K, S, H].
-LayerCache = tuple[tuple[jax.Array, jax.Array], ...]
-# Logical axes of the two buffers (for sharding and the memory plan), and where the slots are.
-KEY_AXES = ("batch", "kv_heads", "head_dim", "length")
-VALUE_AXES = ("batch", "kv_heads", "length", "head_dim")
-_KEY_SLOT_AXIS, _VALUE_SLOT_AXIS = KEY_AXES.index("length"), VALUE_AXES.index("length")
-_MASKED = -1e30  # added to masked attention scores, as in the model
+from jaxrl_agents.models.transformer import KEY_AXES, VALUE_AXES, KVCache, prefix_sizes
 
 # Steps of about 1.5x past 128: little padding, a handful of compiled programs per run.
 PREFILL_BUCKETS = (16, 32, 64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
@@ -59,10 +50,6 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 CHOICE_BUCKETS = (16, 64, 256)
 # Tokens a call may decode, as compiled: the call's own `max_new` is a traced limit under it.
 DECODE_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048)
-# Attention reads the smallest of up to 4 cache prefixes (S, S/2, S/4, S/8, none under
-# 128 slots) that holds the filled slots: a prefill picks one (`cached_attention`), the
-# decode loop runs in phases, one per prefix (`_extend`).
-ATTENTION_PREFIXES, MIN_ATTENTION_PREFIX = 4, 128
 DEFAULT_CHOICE_WIDTH = 64  # a step with more distinct candidate ids is not constrained
 _NEG_INF = -jnp.inf
 
@@ -172,12 +159,12 @@ def choice_constraint(choice_ids_bcl, alive_bc, step, vocab: int, width: int):
 class DecodeState(NamedTuple):
     """The cache of B rows between calls.
 
-    cache: LayerCache, per layer k [B, K, H, S] and v [B, K, S, H]. cache_mask: [B, S]
+    cache: the model's `KVCache`, k [L, B, K, H, S] and v [L, B, K, S, H]. cache_mask: [B, S]
     bool, slots holding real tokens. cache_index: first free slot (host int; all rows share
     it). lengths: [B] int32 numpy, real tokens per row (the RoPE position of the next token).
     """
 
-    cache: LayerCache
+    cache: KVCache
     cache_mask: jax.Array
     cache_index: int
     lengths: np.ndarray
@@ -215,140 +202,24 @@ class GenerationResult:
 # ----------------------------------------------------------------------------- compiled steps
 
 
-def _layers(model) -> list:
-    """The decoder blocks, one `Block` per layer (stacked scan layers are split)."""
-    if not model.config.scan_layers:
-        return list(model.layers)
-    graphdef, state = nnx.split(model.blocks)
-    return [nnx.merge(graphdef, jax.tree.map(lambda x, i=i: x[i], state))
-            for i in range(model.config.num_layers)]
+class _Loop(NamedTuple):
+    """The decode loop's state: `step` tokens decoded so far, the `logits` [B, V] the next
+    token is drawn from, the cache and its mask [B, S], `lengths` [B] (real tokens per
+    row: the RoPE position of the next one), `done` [B], the PRNG `key`, the outputs so far
+    (`tokens`, `logprobs`, `sampling_logprobs` [B, width]) and, under constrained decoding,
+    `alive` [B, C]: the commands that agree with the tokens drawn so far."""
 
-
-def _prefix_sizes(slots: int) -> list[int]:
-    """The cache prefixes attention may be cut to, smallest first: slots, slots / 2, ...
-    down to `MIN_ATTENTION_PREFIX`, at most `ATTENTION_PREFIXES` of them."""
-    sizes = [slots]
-    while (len(sizes) < ATTENTION_PREFIXES and sizes[-1] % 2 == 0
-           and sizes[-1] // 2 >= MIN_ATTENTION_PREFIX):
-        sizes.append(sizes[-1] // 2)
-    return sizes[::-1]
-
-
-def cached_attention(q_btnh, k_bkhs, v_bksh, mask_bts, used):
-    """Grouped-query attention of T queries over the cache, reading only its filled part.
-
-    Keys [B, K, H, S], values [B, K, S, H], as the cache stores them; mask_bts [B, T, S]:
-    True where query t may see slot s, never at a slot >= `used` (a traced int). The
-    attention runs over the smallest of `_prefix_sizes(S)` that holds `used` slots (one
-    compiled branch per size, chosen by `lax.switch`), so a step early in a long cache does
-    not pay for the empty rest. Returns [B, T, N, H].
-    """
-    sizes = _prefix_sizes(k_bkhs.shape[3])
-    if len(sizes) == 1:
-        return _attention(q_btnh, k_bkhs, v_bksh, mask_bts)
-    branches = [
-        lambda q, k, v, m, n=n: _attention(q, k[..., :n], v[:, :, :n], m[..., :n])
-        for n in sizes
-    ]
-    used = jnp.asarray(used)
-    branch = sum((used > n).astype(jnp.int32) for n in sizes[:-1])
-    return jax.lax.switch(branch, branches, q_btnh, k_bkhs, v_bksh, mask_bts)
-
-
-def _attention(q_btnh, k_bkhs, v_bksh, mask_bts):
-    """`cached_attention` over all S slots given (float32 scores and softmax)."""
-    b, t, n, h = q_btnh.shape
-    k, s = k_bkhs.shape[1], k_bkhs.shape[3]
-    g = n // k
-    q = q_btnh.reshape(b, t, k, g, h).transpose(0, 2, 3, 1, 4).reshape(b, k, g * t, h)
-    if t == 1:  # a decode step: G rows per kv head, a product-and-sum beats a tiny matmul
-        scores = jnp.sum(q.astype(jnp.float32)[..., None] * k_bkhs[:, :, None], axis=-2)
-    else:
-        scores = jnp.einsum("bkqh,bkhs->bkqs", q, k_bkhs, preferred_element_type=jnp.float32)
-    scores = scores.reshape(b, k, g, t, s) * (h ** -0.5)
-    scores = jnp.where(mask_bts[:, None, None], scores, _MASKED)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v_bksh.dtype).reshape(b, k, g * t, s)
-    out = jnp.einsum("bkqs,bksh->bkqh", probs, v_bksh)  # (B, K, G*T, H)
-    return out.reshape(b, k, g, t, h).transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
-
-
-class DecodeWeights(NamedTuple):
-    """One layer's weights arranged for the sampler: the projections that read the same
-    input are joined into one matrix, all stored [in, out]. Decode multiplies a few rows
-    by each matrix; on CPU one [D, (N+2K)H] matmul costs far less than three small ones.
-
-    qkv [D, (N+2K)H] and its bias [(N+2K)H] (zeros without q/k/v bias), o [NH, D],
-    gate_up [D, 2F], down [F, D], and the two RMSNorm scales [D].
-    """
-
-    input_norm: jax.Array
-    qkv: jax.Array
-    qkv_bias: jax.Array
-    o: jax.Array
-    post_attn_norm: jax.Array
-    gate_up: jax.Array
-    down: jax.Array
-
-
-def decode_weights(block, dtype) -> DecodeWeights:
-    """`DecodeWeights` of a model `Block` (its [out, in] matrices joined and transposed)."""
-    attn, mlp = block.attn, block.mlp
-    qkv = jnp.concatenate([attn.q_proj[...], attn.k_proj[...], attn.v_proj[...]], axis=0)
-    if attn.cfg.qkv_bias:
-        bias = jnp.concatenate([attn.q_bias[...], attn.k_bias[...], attn.v_bias[...]])
-    else:
-        bias = jnp.zeros(qkv.shape[:1], qkv.dtype)
-    gate_up = jnp.concatenate([mlp.gate_proj[...], mlp.up_proj[...]], axis=0)
-    return DecodeWeights(
-        block.input_norm.weight[...], qkv.T.astype(dtype), bias.astype(dtype),
-        attn.o_proj[...].T.astype(dtype), block.post_attn_norm.weight[...],
-        gate_up.T.astype(dtype), mlp.down_proj[...].T.astype(dtype))
-
-
-def _block_step(cfg, w: DecodeWeights, x_btd, cos, sin, mask_bts, kv, cache_index,
-                prefixes: bool):
-    """What the model's `Block` computes, with `DecodeWeights`, on the sampler's cache
-    (keys [B, K, H, S], values [B, K, S, H]): writes this call's keys and values at slots
-    [cache_index, cache_index + T) and attends over the filled prefix (`cached_attention`)
-    when `prefixes`, else over all S slots."""
-    b, t, _ = x_btd.shape
-    n, k, h = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    qkv = rms_norm(x_btd, w.input_norm, cfg.rms_norm_eps) @ w.qkv + w.qkv_bias
-    q, k_new, v_new = jnp.split(qkv.reshape(b, t, n + 2 * k, h), [n, n + k], axis=2)
-    q, k_new = apply_rope(q, cos, sin), apply_rope(k_new, cos, sin)
-    k_cache, v_cache = kv
-    k_cache = jax.lax.dynamic_update_slice(
-        k_cache, k_new.transpose(0, 2, 3, 1).astype(k_cache.dtype), (0, 0, 0, cache_index))
-    v_cache = jax.lax.dynamic_update_slice(
-        v_cache, v_new.transpose(0, 2, 1, 3).astype(v_cache.dtype), (0, 0, cache_index, 0))
-    if prefixes:
-        attn = cached_attention(q, k_cache, v_cache, mask_bts, used=cache_index + t)
-    else:
-        attn = _attention(q, k_cache, v_cache, mask_bts)
-    x_btd = x_btd + attn.reshape(b, t, n * h) @ w.o
-    gate, up = jnp.split(rms_norm(x_btd, w.post_attn_norm, cfg.rms_norm_eps) @ w.gate_up, 2,
-                         axis=-1)
-    x_btd = x_btd + (jax.nn.silu(gate) * up) @ w.down
-    return x_btd, (k_cache, v_cache)
-
-
-def _forward(model, weights, ids_bt, positions_bt, cache: LayerCache, cache_index,
-             cache_mask_bs, prefixes: bool = True):
-    """What `Transformer.forward_with_cache` computes, on the sampler's per-layer cache and
-    the layers' `DecodeWeights`: query t sees slot s when cache_mask[b, s] and
-    s <= cache_index + t. `prefixes`: as in `_block_step`.
-    Returns (float32 logits [B, T, V], cache)."""
-    cfg = model.config
-    t, s = ids_bt.shape[1], cache_mask_bs.shape[1]
-    causal = jnp.arange(s)[None, :] <= (cache_index + jnp.arange(t))[:, None]  # (T, S)
-    mask = causal[None] & cache_mask_bs[:, None, :]  # (B, T, S)
-    x = model.embed_tokens[...][ids_bt].astype(cfg.jnp_dtype)  # (B, T, D)
-    cos, sin = rope_tables(positions_bt, cfg.head_dim, cfg.rope_theta)
-    new_cache = []
-    for w, kv in zip(weights, cache):
-        x, kv = _block_step(cfg, w, x, cos, sin, mask, kv, cache_index, prefixes)
-        new_cache.append(kv)
-    return model.logits(model.final_norm(x)), tuple(new_cache)
+    step: jax.Array
+    logits: jax.Array
+    cache: KVCache
+    cache_mask: jax.Array
+    lengths: jax.Array
+    done: jax.Array
+    key: jax.Array
+    tokens: jax.Array
+    logprobs: jax.Array
+    sampling_logprobs: jax.Array
+    alive: jax.Array
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "width", "sampling", "choice_width"),
@@ -357,7 +228,8 @@ def _extend(graphdef, params, cache, cache_mask, cache_index, chunk_ids, chunk_m
             key, stop_table, allowed, choice_ids, max_new, *, width: int, sampling: SamplingParams,
             choice_width: int):
     """Prefill a left-padded chunk [B, P] at slots [cache_index, cache_index + P), then
-    decode up to `max_new` tokens at the slots after it.
+    decode up to `max_new` tokens at the slots after it, all through the model's
+    `forward_with_cache`.
 
     Rows whose chunk is all padding do not decode. A row stops after a token with
     `stop_table[token]` or after `max_new` tokens (a traced limit, at most the static `width`
@@ -372,96 +244,92 @@ def _extend(graphdef, params, cache, cache_mask, cache_index, chunk_ids, chunk_m
     model = nnx.merge(graphdef, params)
     b, p = chunk_ids.shape
     chunk_mask = chunk_mask.astype(bool)
-    positions = lengths[:, None] + jnp.cumsum(chunk_mask, axis=1) - 1  # (B, P)
-    positions = jnp.maximum(positions, 0)
+    positions = jnp.maximum(lengths[:, None] + jnp.cumsum(chunk_mask, axis=1) - 1, 0)  # (B, P)
     cache_mask = jax.lax.dynamic_update_slice(cache_mask, chunk_mask, (0, cache_index))
-    weights = [decode_weights(block, model.config.jnp_dtype) for block in _layers(model)]
-    logits, cache = _forward(model, weights, chunk_ids, positions, cache, cache_index,
-                             cache_mask)
-    lengths = lengths + chunk_mask.sum(axis=1, dtype=jnp.int32)
-    done = ~chunk_mask.any(axis=1)
+    logits, cache = model.forward_with_cache(chunk_ids, positions, cache, cache_index,
+                                             cache_mask)
+    first_slot = cache_index + p  # where the first decoded token goes
 
-    def cond(carry):
-        i, _, _, _, _, done, *_ = carry
-        return (i < max_new) & ~jnp.all(done)
+    def due(loop: _Loop):
+        return (loop.step < max_new) & ~jnp.all(loop.done)
 
-    def body(carry):
-        i, logits, cache, cache_mask, lengths, done, key, toks, lp_raw, lp_samp, alive = carry
-        key, sub = jax.random.split(key)
+    def step(loop: _Loop) -> _Loop:
+        key, sub = jax.random.split(loop.key)
+        alive = loop.alive
         if choice_ids is None:
-            tok, raw, samp = sample_tokens(logits, sub, sampling, allowed)
+            tok, raw, samp = sample_tokens(loop.logits, sub, sampling, allowed)
         else:
-            constraint, cand = choice_constraint(choice_ids, alive, i, logits.shape[-1],
-                                                 choice_width)
-            tok, raw, samp = sample_tokens(logits, sub, sampling, allowed, constraint)
+            constraint, cand = choice_constraint(choice_ids, alive, loop.step,
+                                                 loop.logits.shape[-1], choice_width)
+            tok, raw, samp = sample_tokens(loop.logits, sub, sampling, allowed, constraint)
             alive = alive & (cand == tok[:, None])
-        live = ~done
+        live = ~loop.done
         tok = jnp.where(live, tok, 0)
-        toks = toks.at[:, i].set(tok)
-        lp_raw = lp_raw.at[:, i].set(jnp.where(live, raw, 0.0))
-        lp_samp = lp_samp.at[:, i].set(jnp.where(live, samp, 0.0))
-        slot = cache_index + p + i
-        cache_mask = jax.lax.dynamic_update_slice(cache_mask, live[:, None], (0, slot))
-        logits, cache = _forward(model, weights, tok[:, None], lengths[:, None], cache, slot,
-                                 cache_mask, prefixes=False)
-        lengths = lengths + live.astype(jnp.int32)
-        done = done | (live & stop_table[tok]) | (i + 1 >= max_new)
-        return (i + 1, logits[:, -1], cache, cache_mask, lengths, done, key, toks, lp_raw,
-                lp_samp, alive)
+        i, slot = loop.step, first_slot + loop.step
+        cache_mask = jax.lax.dynamic_update_slice(loop.cache_mask, live[:, None], (0, slot))
+        logits, cache = model.forward_with_cache(tok[:, None], loop.lengths[:, None],
+                                                 loop.cache, slot, cache_mask, prefixes=False)
+        return _Loop(
+            step=i + 1, logits=logits, cache=cache, cache_mask=cache_mask,
+            lengths=loop.lengths + live.astype(jnp.int32),
+            done=loop.done | (live & stop_table[tok]) | (i + 1 >= max_new), key=key,
+            tokens=loop.tokens.at[:, i].set(tok),
+            logprobs=loop.logprobs.at[:, i].set(jnp.where(live, raw, 0.0)),
+            sampling_logprobs=loop.sampling_logprobs.at[:, i].set(jnp.where(live, samp, 0.0)),
+            alive=alive)
 
-    def in_phase(carry, n):
+    def in_phase(loop: _Loop, n):
         """The next decode step is due and its slot is below n."""
-        return cond(carry) & (cache_index + p + carry[0] < n)
+        return due(loop) & (first_slot + loop.step < n)
 
-    def phase(carry, n):
+    def phase(loop: _Loop, n) -> _Loop:
         """The decode steps whose slot is below n, run on the cache's first n slots."""
-        i, logits, cache, cache_mask, *rest = carry
-        head = tuple((k[..., :n], v[:, :, :n]) for k, v in cache)
-        head_carry = (i, logits, head, cache_mask[:, :n], *rest)
-        i, logits, head, head_mask, *rest = jax.lax.while_loop(
-            functools.partial(in_phase, n=n), body, head_carry)
-        cache = tuple((jax.lax.dynamic_update_slice(k, hk, (0, 0, 0, 0)),
-                       jax.lax.dynamic_update_slice(v, hv, (0, 0, 0, 0)))
-                      for (k, v), (hk, hv) in zip(cache, head))
-        cache_mask = jax.lax.dynamic_update_slice(cache_mask, head_mask, (0, 0))
-        return (i, logits, cache, cache_mask, *rest)
+        head = loop._replace(cache=loop.cache.prefix(n), cache_mask=loop.cache_mask[:, :n])
+        head = jax.lax.while_loop(functools.partial(in_phase, n=n), step, head)
+        return head._replace(
+            cache=loop.cache.with_prefix(head.cache),
+            cache_mask=jax.lax.dynamic_update_slice(loop.cache_mask, head.cache_mask, (0, 0)))
 
     zeros = jnp.zeros((b, width), jnp.float32)
-    carry = (jnp.int32(0), logits[:, -1], cache, cache_mask, lengths, done, key,
-             jnp.zeros((b, width), jnp.int32), zeros, zeros,
-             jnp.zeros((b, 0), bool) if choice_ids is None else choice_ids[:, :, 0] >= 0)
-    # Decode in phases over growing cache prefixes (`_prefix_sizes`): a step reads only the
+    loop = _Loop(
+        step=jnp.int32(0), logits=logits, cache=cache, cache_mask=cache_mask,
+        lengths=lengths + chunk_mask.sum(axis=1, dtype=jnp.int32), done=~chunk_mask.any(axis=1),
+        key=key, tokens=jnp.zeros((b, width), jnp.int32), logprobs=zeros,
+        sampling_logprobs=zeros,
+        alive=jnp.zeros((b, 0), bool) if choice_ids is None else choice_ids[:, :, 0] >= 0)
+    # Decode in phases over growing cache prefixes (`prefix_sizes`): a step reads only the
     # prefix it writes into, and a prefix is cut and written back once per phase rather than
     # at every step. A phase that holds no step is skipped.
-    *smaller, _ = _prefix_sizes(cache_mask.shape[1])
+    *smaller, _ = prefix_sizes(cache_mask.shape[1])
     for n in smaller:
-        carry = jax.lax.cond(in_phase(carry, n), functools.partial(phase, n=n), lambda c: c,
-                             carry)
-    steps, _, cache, cache_mask, lengths_out, _, _, toks, lp_raw, lp_samp, _ = jax.lax.while_loop(
-        cond, body, carry)
-    counts = lengths_out - lengths
-    return toks, lp_raw, lp_samp, counts, cache, cache_mask, lengths_out, steps
+        loop = jax.lax.cond(in_phase(loop, n), functools.partial(phase, n=n), lambda x: x, loop)
+    loop = jax.lax.while_loop(due, step, loop)
+    counts = loop.lengths - lengths - chunk_mask.sum(axis=1, dtype=jnp.int32)
+    return (loop.tokens, loop.logprobs, loop.sampling_logprobs, counts, loop.cache,
+            loop.cache_mask, loop.lengths, loop.step)
+
+
+_KEY_SLOT_AXIS, _VALUE_SLOT_AXIS = KEY_AXES.index("length"), VALUE_AXES.index("length")
 
 
 @jax.jit
-def _compact(cache: LayerCache, cache_mask):
+def _compact(cache: KVCache, cache_mask):
     """Moves each row's real slots to the front, in order; returns (cache, mask, max count)."""
     order = jnp.argsort(~cache_mask, axis=1, stable=True)  # (B, S): real slots first
-    cache = tuple((jnp.take_along_axis(k, order[:, None, None, :], axis=_KEY_SLOT_AXIS),
-                   jnp.take_along_axis(v, order[:, None, :, None], axis=_VALUE_SLOT_AXIS))
-                  for k, v in cache)
+    cache = KVCache(
+        jnp.take_along_axis(cache.k, order[None, :, None, None, :], axis=_KEY_SLOT_AXIS),
+        jnp.take_along_axis(cache.v, order[None, :, None, :, None], axis=_VALUE_SLOT_AXIS))
     mask = jnp.take_along_axis(cache_mask, order, axis=1)
     return cache, mask, jnp.max(jnp.sum(cache_mask, axis=1))
 
 
 @functools.partial(jax.jit, static_argnames=("slots",))
-def _grow(cache: LayerCache, cache_mask, *, slots: int):
+def _grow(cache: KVCache, cache_mask, *, slots: int):
     """Pads the cache with empty slots up to `slots`."""
     extra = slots - cache_mask.shape[1]
-    pad_keys = ((0, 0), (0, 0), (0, 0), (0, extra))
-    pad_values = ((0, 0), (0, 0), (0, extra), (0, 0))
-    return (tuple((jnp.pad(k, pad_keys), jnp.pad(v, pad_values)) for k, v in cache),
-            jnp.pad(cache_mask, ((0, 0), (0, extra))))
+    pad = lambda x, axis: jnp.pad(x, [(0, extra if a == axis else 0) for a in range(x.ndim)])  # noqa: E731
+    return (KVCache(pad(cache.k, _KEY_SLOT_AXIS), pad(cache.v, _VALUE_SLOT_AXIS)),
+            pad(cache_mask, 1))
 
 
 # ----------------------------------------------------------------------------- the sampler
@@ -533,18 +401,17 @@ class Sampler:
         """The batch bucket for n rows."""
         return bucket(n, self.batch_buckets, self.batch_multiple)
 
-    def _place_cache(self, cache: LayerCache, cache_mask):
+    def _place_cache(self, cache: KVCache, cache_mask):
         if self.mesh is None:
             return cache, cache_mask
         from jaxrl_agents import sharding
 
         k_sharding, v_sharding = (
             sharding.logical_to_sharding(axes, self.mesh, buf.shape)
-            for axes, buf in zip((KEY_AXES, VALUE_AXES), cache[0]))
+            for axes, buf in zip((KEY_AXES, VALUE_AXES), cache))
         mask_sharding = sharding.logical_to_sharding(("batch", "length"), self.mesh,
                                                      cache_mask.shape)
-        cache = tuple((jax.device_put(k, k_sharding), jax.device_put(v, v_sharding))
-                      for k, v in cache)
+        cache = KVCache(jax.device_put(cache.k, k_sharding), jax.device_put(cache.v, v_sharding))
         return cache, jax.device_put(cache_mask, mask_sharding)
 
     def _place_rows(self, x):
@@ -557,11 +424,7 @@ class Sampler:
     def new_state(self, batch: int, slots: int = 0) -> DecodeState:
         """An empty cache for `batch` rows (already a batch bucket) and `slots` slots."""
         slots = bucket(max(slots, 1), self.cache_buckets)
-        cfg = self.config
-        keys = (batch, cfg.num_kv_heads, cfg.head_dim, slots)
-        values = (batch, cfg.num_kv_heads, slots, cfg.head_dim)
-        cache = tuple((jnp.zeros(keys, cfg.jnp_dtype), jnp.zeros(values, cfg.jnp_dtype))
-                      for _ in range(cfg.num_layers))
+        cache = self.model.init_cache(batch, slots)
         mask = jnp.zeros((batch, slots), bool)
         cache, mask = self._place_cache(cache, mask)
         return DecodeState(cache, mask, 0, np.zeros((batch,), np.int32))

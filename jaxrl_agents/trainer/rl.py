@@ -29,6 +29,7 @@ from flax import nnx
 from jaxrl_agents import distributed, kernels, sharding
 from jaxrl_agents.config import check_groups
 from jaxrl_agents.data import Batch, bucket
+from jaxrl_agents.models import lora
 from jaxrl_agents.trainer import ewc, optim
 from jaxrl_agents.trainer.kl_control import KLController
 
@@ -100,11 +101,15 @@ class LearnerState:
     """Everything an update changes (a pytree).
 
     params: nnx.State of the ActorCritic; opt_state: optax state; ref_params: nnx.State
-    of the frozen reference policy; step: optimizer steps taken; skipped: steps skipped
-    for a non-finite loss or gradient; master: float32 copy of `params` that the optimizer
-    updates (rl.master_weights = float32, for bfloat16 params), else None. ewc_anchor /
-    ewc_fisher: with EWC on, the parameters and the diagonal Fisher the penalty holds the
-    policy to (trees like `params`; the Fisher is 0 until the first consolidation), else None.
+    of the frozen reference policy, or None with LoRA adapters (the reference is then the
+    policy with its adapters off: no second copy); step: optimizer steps taken; skipped:
+    steps skipped for a non-finite loss or gradient; master: float32 copy of the trainable
+    parameters that the optimizer updates (rl.master_weights = float32, for bfloat16
+    params), else None. ewc_anchor / ewc_fisher: with EWC on, the trainable parameters and
+    the diagonal Fisher the penalty holds the policy to (the Fisher is 0 until the first
+    consolidation), else None. The trainable parameters (`lora.split_trainable`) are all of
+    `params`, or with LoRA the adapters and the value head only: the optimizer state,
+    master copy and gradients cover them alone.
     """
 
     params: Any
@@ -121,11 +126,15 @@ def _token_logprobs(policy, hidden, batch: dict, hp: RLHyper):
     """log-probs and entropies [B, T] of the batch's tokens from the policy's hidden states
     under softmax(logits / hp.temperature), the distribution the rollouts sampled from
     (the rollout's log-probs are taken the same way), the logits made `hp.logits_chunk`
-    positions at a time (0: all at once)."""
+    positions at a time (0: all at once). With `batch["loss_index"]` the output layer runs
+    only at those positions (the action tokens) and the rest are 0."""
     ids, allowed = batch["input_ids"], batch.get("allowed")
     logits = policy.logits
     if hp.temperature != 1.0:
         logits = lambda h: policy.logits(h) / hp.temperature  # noqa: E731
+    if "loss_index" in batch:
+        return kernels.loss_positions_logprobs_and_entropy(
+            hidden, logits, ids, batch["loss_index"], allowed, chunk=hp.logits_chunk)
     if hp.logits_chunk:
         return kernels.chunked_next_token_logprobs_and_entropy(
             hidden, logits, ids, allowed, chunk=hp.logits_chunk)
@@ -222,11 +231,15 @@ def prepare(
     all B at once), so only one chunk's logits are ever live; the advantages need the
     whole batch (groups, whitening) and come after.
     """
+    ref_params = state.ref_params
+    if ref_params is None:  # LoRA: the policy's own weights (ref_graphdef: adapters off)
+        ref_params = nnx.state(nnx.merge(graphdef, state.params).policy)
     forward = functools.partial(
-        _old_values_and_ref_logprobs, graphdef, ref_graphdef, state.params, state.ref_params, hp
+        _old_values_and_ref_logprobs, graphdef, ref_graphdef, state.params, ref_params, hp
     )
     rows = batch["input_ids"].shape[0]
-    inputs = {k: batch[k] for k in ("input_ids", "positions", "valid", "allowed") if k in batch}
+    inputs = {k: batch[k] for k in ("input_ids", "positions", "valid", "allowed", "loss_index")
+              if k in batch}
     values, last_value, ref_logp = map_row_chunks(
         forward, inputs, chunk_rows(rows, max_chunk_rows or rows)
     )
@@ -290,7 +303,7 @@ def loss_fn(hp: RLHyper, graphdef, params, mb: dict, kl_coef, policy_coef, ewc_s
         metrics["losses/value"] = vf
         metrics.update({f"losses/{k}": v for k, v in vf_metrics.items()})
     if ewc_state is not None:
-        ewc_loss = ewc.penalty(params, *ewc_state)
+        ewc_loss = ewc.penalty(lora.trainable(params), *ewc_state)
         loss = loss + hp.ewc_coef * ewc_loss
         metrics["losses/ewc"] = ewc_loss
     metrics.update(
@@ -346,18 +359,20 @@ def train_step(hp, graphdef, tx, state: LearnerState, micro: dict, kl_coef, poli
     Gradients of the A micro-batches are summed with `_micro_weights`; with a master copy
     they are taken with respect to it (the forward pass runs on its cast). A non-finite
     loss or gradient skips the step (parameters and optimizer state unchanged, `skipped`
-    incremented).
+    incremented). Only the trainable parameters (with LoRA: adapters and value head) get
+    gradients; the frozen rest passes through.
     """
-    trainable = state.params if state.master is None else state.master
+    trainable, frozen = lora.split_trainable(state.params)  # frozen: None without LoRA
+    start = trainable if state.master is None else state.master
 
-    def loss_of(trainable, mb):
-        params = _cast_like(trainable, state.params)
+    def loss_of(start, mb):
+        params = lora.merge_trainable(_cast_like(start, trainable), frozen)
         ewc_state = None if state.ewc_fisher is None else (state.ewc_anchor, state.ewc_fisher)
         return loss_fn(hp, graphdef, params, mb, kl_coef, policy_coef, ewc_state)
 
     weights = _micro_weights(hp, micro)
     grads, metrics = optim.accumulate_gradients(
-        jax.value_and_grad(loss_of, has_aux=True), trainable, micro, weights)
+        jax.value_and_grad(loss_of, has_aux=True), start, micro, weights)
     # During the value warm-up (policy_coef 0) only the critic trains: a trunk shared with
     # the value head would otherwise move the policy through the value loss.
     grads = jax.tree.map(
@@ -366,14 +381,14 @@ def train_step(hp, graphdef, tx, state: LearnerState, micro: dict, kl_coef, poli
         optim.actor_critic_labels(grads),
     )
     finite = _tree_all_finite(grads) & jnp.isfinite(metrics["losses/total"])
-    new_params, new_master, new_opt = apply_gradients(
-        tx, grads, state.opt_state, state.params, state.master
+    new_trainable, new_master, new_opt = apply_gradients(
+        tx, grads, state.opt_state, trainable, state.master
     )
     keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
     metrics["losses/grad_norm"] = optax.tree.norm(grads)
     metrics["losses/skipped"] = 1.0 - finite.astype(jnp.float32)
     new_state = LearnerState(
-        params=keep(new_params, state.params),
+        params=lora.merge_trainable(keep(new_trainable, trainable), frozen),
         opt_state=keep(new_opt, state.opt_state),
         ref_params=state.ref_params,
         step=state.step + 1,
@@ -387,12 +402,15 @@ def train_step(hp, graphdef, tx, state: LearnerState, micro: dict, kl_coef, poli
 
 def consolidate(hp: RLHyper, graphdef, state: LearnerState, batch: dict) -> LearnerState:
     """EWC at the end of a stage: the Fisher of the policy on `batch` (the stage's episodes)
-    joins the earlier ones (`hp.ewc_decay`) and the current parameters become the anchor."""
-    fisher = ewc.diagonal_fisher(
-        functools.partial(episode_logprobs, graphdef, hp=hp), state.params, batch)
+    joins the earlier ones (`hp.ewc_decay`) and the current parameters become the anchor
+    (the trainable ones: with LoRA, adapters and value head)."""
+    trainable, frozen = lora.split_trainable(state.params)
+    logp = lambda t, rows: episode_logprobs(  # noqa: E731
+        graphdef, lora.merge_trainable(t, frozen), rows, hp)
+    fisher = ewc.diagonal_fisher(logp, trainable, batch)
     return dataclasses.replace(
         state,
-        ewc_anchor=jax.tree.map(jnp.copy, state.params),
+        ewc_anchor=jax.tree.map(jnp.copy, trainable),
         ewc_fisher=ewc.merge(state.ewc_fisher, fisher, hp.ewc_decay),
     )
 
@@ -450,7 +468,8 @@ class RLLearner:
         self.prepare_rows = prepare_rows
         self.length_buckets = tuple(length_buckets) if length_buckets else None
         self.graphdef, _ = nnx.split(actor_critic)
-        self.ref_graphdef, _ = nnx.split(actor_critic.policy)
+        with lora.adapters_off(actor_critic.policy):  # the reference: no adapters
+            self.ref_graphdef = nnx.graphdef(actor_critic.policy)
         self._prepare = jax.jit(
             functools.partial(prepare, hp, self.graphdef, self.ref_graphdef), static_argnums=3
         )
@@ -477,7 +496,8 @@ class RLLearner:
         return {"out_shardings": (sharding.state_shardings(abstract, self.mesh), replicated)}
 
     def init_state(self, actor_critic) -> LearnerState:
-        """Fresh optimizer state; the reference policy is a frozen copy of the policy now."""
+        """Fresh optimizer state; the reference policy is a frozen copy of the policy now
+        (with LoRA adapters: the same weights with the adapters off, no copy)."""
         state = self._fresh_state(actor_critic)
         # On a mesh: every leaf placed as the update leaves it (one compilation per shape).
         return state if self.mesh is None else sharding.shard_params(state, self.mesh)
@@ -486,17 +506,20 @@ class RLLearner:
         # Copies: a separate critic starts as a clone whose arrays alias the policy's,
         # and donated buffers must be distinct.
         params = jax.tree.map(jnp.copy, nnx.state(actor_critic))
-        ref_params = jax.tree.map(jnp.copy, nnx.state(actor_critic.policy))
+        trainable = lora.trainable(params)  # with LoRA: adapters and value head
+        ref_params = None  # with LoRA: the policy with adapters off (see `prepare`)
+        if not lora.has_adapters(params):
+            ref_params = jax.tree.map(jnp.copy, nnx.state(actor_critic.policy))
         master = None
         if self.master_weights:
-            master = jax.tree.map(lambda x: x.astype(jnp.float32), params)
+            master = jax.tree.map(lambda x: x.astype(jnp.float32), trainable)
         anchor = fisher = None
         if self.hp.ewc_coef > 0:  # allocated from the start: one checkpoint layout per run
-            anchor = jax.tree.map(jnp.copy, params)
-            fisher = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), params)
+            anchor = jax.tree.map(jnp.copy, trainable)
+            fisher = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), trainable)
         return LearnerState(
             params=params,
-            opt_state=self.tx.init(params if master is None else master),
+            opt_state=self.tx.init(trainable if master is None else master),
             ref_params=ref_params,
             step=jnp.zeros((), jnp.int32),
             skipped=jnp.zeros((), jnp.int32),

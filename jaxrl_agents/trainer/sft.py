@@ -17,6 +17,7 @@ from flax import nnx
 
 from jaxrl_agents import kernels
 from jaxrl_agents.data import Batch, Trajectory, pack
+from jaxrl_agents.models import lora
 from jaxrl_agents.trainer import optim
 
 TARGETS = ("actions", "all")
@@ -26,21 +27,29 @@ def sft_loss(graphdef, params, batch: dict, target: str = "actions"):
     """Mean negative log-likelihood of the action tokens (target "actions") or of every
     token after the first (target "all": language modelling of whole episodes). With
     `batch["allowed"]` (constrained decoding) an action token's likelihood is among its
-    allowed ids only. Returns (loss, metrics)."""
+    allowed ids only. For "actions" with `batch["loss_index"]`, the output layer runs at
+    the action tokens only. Returns (loss, metrics)."""
     model = nnx.merge(graphdef, params)
-    logits = model(batch["input_ids"], batch["positions"], batch["valid"])
-    allowed = batch.get("allowed")
-    logp, _ = kernels.next_token_logprobs_and_entropy(logits, batch["input_ids"], allowed)
-    mask = target_mask(batch, target)
+    hidden = model.hidden_states(batch["input_ids"], batch["positions"], batch["valid"])
+    ids, allowed = batch["input_ids"], batch.get("allowed")
+    if target == "actions" and "loss_index" in batch:
+        index = batch["loss_index"]  # (B, A): the predicted positions
+        mask = (index > 0).astype(jnp.float32)
+    else:  # every position t >= 1
+        index = jnp.broadcast_to(jnp.arange(1, ids.shape[1]), (ids.shape[0], ids.shape[1] - 1))
+        mask = jnp.take_along_axis(target_mask(batch, target), index, axis=1)
+    h = jnp.take_along_axis(hidden, (index - 1)[..., None], axis=1)  # (B, A, D)
+    logits = model.logits(h)  # (B, A, V)
+    targets = jnp.take_along_axis(ids, index, axis=1)
+    picked = None if allowed is None else jnp.take_along_axis(allowed, index[..., None], axis=1)
+    logp, _ = kernels.target_logprobs_and_entropy(logits, targets, picked)
     nll = -kernels.masked_mean(logp, mask)
-    predicted = kernels.shift_right(jnp.argmax(logits, axis=-1))  # (B, T): aligned
-    if allowed is not None:  # constrained tokens: the argmax among their allowed ids
-        ids = allowed[:, 1:]  # (B, T-1, K), predicted by logits[:, :-1]
-        top = jnp.argmax(kernels.allowed_logits(logits[:, :-1], ids), axis=-1)
-        best = jnp.take_along_axis(ids, top[..., None], axis=-1)[..., 0]
-        best = jnp.pad(best, ((0, 0), (1, 0)), constant_values=-1)
-        predicted = jnp.where((allowed >= 0).any(axis=-1), best, predicted)
-    accuracy = kernels.masked_mean((predicted == batch["input_ids"]).astype(jnp.float32), mask)
+    predicted = jnp.argmax(logits, axis=-1)
+    if picked is not None:  # constrained tokens: the argmax among their allowed ids
+        top = jnp.argmax(kernels.allowed_logits(logits, picked), axis=-1)
+        best = jnp.take_along_axis(picked, top[..., None], axis=-1)[..., 0]
+        predicted = jnp.where((picked >= 0).any(axis=-1), best, predicted)
+    accuracy = kernels.masked_mean((predicted == targets).astype(jnp.float32), mask)
     return nll, {"sft/loss": nll, "sft/token_accuracy": accuracy}
 
 
@@ -55,15 +64,21 @@ def target_mask(batch: dict, target: str):
 def _train_step(graphdef, tx, target, grad_accum, params, opt_state, batch):
     """One optimizer step on a batch of B rows (B a multiple of grad_accum), taken as
     grad_accum micro-batches of B / grad_accum rows whose gradients are summed, each
-    weighted by its share of the counted tokens: the step equals the whole batch's."""
+    weighted by its share of the counted tokens: the step equals the whole batch's. With
+    LoRA adapters only they get gradients and optimizer state (`lora.split_trainable`)."""
     micro = jax.tree.map(lambda v: v.reshape((grad_accum, -1) + v.shape[1:]), batch)
     counts = target_mask(micro, target).sum(axis=(1, 2))  # (A,)
     weights = counts / jnp.maximum(counts.sum(), 1.0)
-    grad_fn = jax.value_and_grad(functools.partial(sft_loss, graphdef, target=target),
-                                 has_aux=True)
-    grads, metrics = optim.accumulate_gradients(grad_fn, params, micro, weights)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, metrics
+    trainable, frozen = lora.split_trainable(params)  # frozen: None without adapters
+
+    def loss_of(trainable, mb):
+        return sft_loss(graphdef, lora.merge_trainable(trainable, frozen), mb, target=target)
+
+    grad_fn = jax.value_and_grad(loss_of, has_aux=True)
+    grads, metrics = optim.accumulate_gradients(grad_fn, trainable, micro, weights)
+    updates, opt_state = tx.update(grads, opt_state, trainable)
+    trainable = optax.apply_updates(trainable, updates)
+    return lora.merge_trainable(trainable, frozen), opt_state, metrics
 
 
 def split_train_val(items: Sequence, val_fraction: float, seed: int) -> tuple[list, list]:
@@ -168,7 +183,7 @@ class SFTTrainer:
             raise ValueError("SFT needs at least one golden trajectory")
         train, val = split_train_val(list(trajectories), self.val_fraction, self.seed)
         params = nnx.state(self.policy)
-        opt_state = self.tx.init(params)
+        opt_state = self.tx.init(lora.trainable(params))
         rng = np.random.default_rng(self.seed)
         history = []
         best_loss, best_params = float("inf"), params

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from jaxrl_agents.data import Batch, Trajectory, bucket, pack
+from jaxrl_agents.data import Batch, Trajectory, bucket, loss_index_width, pack
 from jaxrl_agents.distributed import process_slice
 from jaxrl_agents.trainer.task_schedule import Plan
 
@@ -64,7 +64,8 @@ def pack_share(
     num_rows = -(-largest // row_multiple) * row_multiple
     length = bucket(max(len(t) for t in trajectories), length_buckets)
     batch = pack(trajectories[rows], pad_id=pad_id, length_buckets=(length,),
-                 row_multiple=num_rows, choice_width=choice_width)
+                 row_multiple=num_rows, choice_width=choice_width,
+                 loss_width=loss_index_width(trajectories, length))
     batch.group_ids[batch.row_valid == 0] -= index * num_rows
     return batch
 

@@ -222,3 +222,63 @@ def test_chunked_logprobs_equal_the_whole_sequence_ones_with_their_gradients(chu
         want = jax.grad(weighted_sum(whole), argnums=(0, 1))(hidden, w, restricted)
         for g, e in zip(got, want):
             np.testing.assert_allclose(g, e, atol=1e-4)
+
+
+@pytest.mark.parametrize("chunk", [0, 2, 3, 16])
+def test_logprobs_at_loss_positions_equal_the_whole_sequence_ones_there(chunk):
+    """The output layer at the listed positions only (`loss_index`, 0 padded; all at once or
+    `chunk` positions at a time): the whole-sequence log-probs and entropies there, 0
+    elsewhere, and the same gradients as the whole-sequence ones masked to those
+    positions, with and without restricted tokens."""
+    from jaxrl_agents.data.packing import loss_index
+
+    rng = np.random.default_rng(2)
+    b, t, d, v, k = 3, 11, 5, 13, 3
+    hidden = jnp.asarray(rng.normal(size=(b, t, d)), jnp.float32)
+    w = jnp.asarray(rng.normal(size=(v, d)), jnp.float32)
+    ids = jnp.asarray(rng.integers(0, v, size=(b, t)), jnp.int32)
+    mask = np.zeros((b, t), np.float32)
+    mask[0, [2, 3, 7]] = 1
+    mask[1, 1:] = 1  # every predicted position
+    # row 2: no action token at all
+    index = jnp.asarray(loss_index(mask, 16))
+    allowed = np.full((b, t, k), -1, np.int32)
+    allowed[0, 3, :2] = sorted([int(ids[0, 3]), (int(ids[0, 3]) + 1) % v])
+    choices = sorted({int(ids[1, 5]), 0, 1})
+    allowed[1, 5, : len(choices)] = choices
+    weights = jnp.asarray(rng.normal(size=(b, t)), jnp.float32) * mask
+
+    def unembed(w_):
+        return lambda h: jnp.einsum("...d,vd->...v", h, w_)
+
+    def whole(h, w_, restricted):
+        logp, ent = kernels.next_token_logprobs_and_entropy(unembed(w_)(h), ids, restricted)
+        return logp * mask, ent * mask
+
+    def at_index(h, w_, restricted):
+        return kernels.loss_positions_logprobs_and_entropy(h, unembed(w_), ids, index,
+                                                           restricted, chunk=chunk)
+
+    def weighted_sum(f):
+        return lambda h, w_, restricted: sum((x * weights).sum() for x in f(h, w_, restricted))
+
+    for restricted in (None, jnp.asarray(allowed)):
+        for got, want in zip(at_index(hidden, w, restricted), whole(hidden, w, restricted)):
+            assert got.shape == (b, t)
+            np.testing.assert_allclose(got, want, atol=1e-5)
+        got = jax.grad(weighted_sum(at_index), argnums=(0, 1))(hidden, w, restricted)
+        want = jax.grad(weighted_sum(whole), argnums=(0, 1))(hidden, w, restricted)
+        for g, e in zip(got, want):
+            np.testing.assert_allclose(g, e, atol=1e-4)
+
+
+def test_loss_index_lists_action_positions_in_a_shared_bucket():
+    from jaxrl_agents.data.packing import loss_index
+
+    mask = np.zeros((2, 40), np.float32)
+    mask[0, [5, 6, 30]] = 1
+    mask[1, 10:28] = 1
+    index = loss_index(mask, 32)
+    assert index.shape == (2, 32) and index.dtype == np.int32
+    assert index[0, :3].tolist() == [5, 6, 30] and not index[0, 3:].any()
+    assert index[1, :18].tolist() == list(range(10, 28)) and not index[1, 18:].any()

@@ -4,22 +4,30 @@ import numpy as np
 import torch
 import transformers
 
+# Llama 3.x RoPE scaling whose bands all fall inside a tiny test: wavelengths above
+# 16 / 1 = 16 positions are divided by `factor`, those between 16 / 4 = 4 and 16 smoothed.
+LLAMA3_ROPE = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                   original_max_position_embeddings=16)
+_FAMILIES = {"qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+             "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+             "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM)}
+
 
 def make_hf_model(arch="qwen2", *, tie=True, heads=4, kv_heads=2, theta=10000.0, hidden=32,
-                  layers=2, vocab=97, head_dim=None, seed=0):
-    """A random transformers Qwen2/Llama causal LM; weights drawn with std 0.1 so that
-    every term (biases and norm scales included) matters in the logits."""
+                  layers=2, vocab=97, head_dim=None, rope_scaling=None, seed=0):
+    """A random transformers Qwen2/Qwen3/Llama causal LM; weights drawn with std 0.1 so
+    that every term (biases and norm scales included) matters in the logits.
+    rope_scaling: extra `rope_parameters` entries (e.g. LLAMA3_ROPE)."""
     kwargs = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden + 8,
                   num_hidden_layers=layers, num_attention_heads=heads,
                   num_key_value_heads=kv_heads, tie_word_embeddings=tie,
                   max_position_embeddings=128, rms_norm_eps=1e-6,
-                  rope_parameters={"rope_type": "default", "rope_theta": theta})
+                  rope_parameters={"rope_type": "default", "rope_theta": theta,
+                                   **(rope_scaling or {})})
     if head_dim is not None:
         kwargs["head_dim"] = head_dim
-    if arch == "qwen2":
-        config, cls = transformers.Qwen2Config(**kwargs), transformers.Qwen2ForCausalLM
-    else:
-        config, cls = transformers.LlamaConfig(**kwargs), transformers.LlamaForCausalLM
+    config_cls, cls = _FAMILIES[arch]
+    config = config_cls(**kwargs)
     torch.manual_seed(seed)
     model = cls(config).eval()
     with torch.no_grad():

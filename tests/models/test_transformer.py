@@ -1,5 +1,7 @@
 """Decoder behaviour: padding invariance, KV cache, remat / scan gradients, bf16, config."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -44,11 +46,12 @@ def test_prefill_then_decode_matches_full_forward(scan):
     full = model(ids, positions, mask)
 
     prompt, max_len = 4, 12
-    cache = model.init_cache(batch=2, max_len=max_len)
-    assert cache.k.shape == (TINY.num_layers, 2, max_len, TINY.num_kv_heads, TINY.head_dim)
+    cache = model.init_cache(batch=2, slots=max_len)
+    assert cache.k.shape == (TINY.num_layers, 2, TINY.num_kv_heads, TINY.head_dim, max_len)
+    assert cache.v.shape == (TINY.num_layers, 2, TINY.num_kv_heads, max_len, TINY.head_dim)
     cache_mask = np.zeros((2, max_len), bool)
     cache_mask[:, :prompt] = mask[:, :prompt]
-    step = jax.jit(model.forward_with_cache)
+    step = jax.jit(functools.partial(model.forward_with_cache, last_only=False))
     logits, cache = step(ids[:, :prompt], positions[:, :prompt], cache, 0, cache_mask)
     pieces = [logits]
     for t in range(prompt, ids.shape[1]):

@@ -249,7 +249,7 @@ def test_sharded_model_samples_like_one_device():
     assert proc.returncode == 0, proc.stderr[-4000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["devices"] == 8
-    assert report["cache_spec"] == [["data", "fsdp"], "tensor", None, None]
+    assert report["cache_spec"] == [None, ["data", "fsdp"], "tensor", None, None]
     for kind in ("greedy", "sampled"):
         assert report[kind]["same_tokens"], report
         assert report[kind]["logprob_diff"] <= 1e-5, report
@@ -270,7 +270,7 @@ def _child():
     report = {"devices": len(jax.devices())}
     state = Sampler(sharded, mesh=mesh).new_state(4, 8)
     report["cache_spec"] = [list(a) if isinstance(a, tuple) else a
-                            for a in state.cache[0][0].sharding.spec]
+                            for a in state.cache.k.sharding.spec]
     for kind, params in (("greedy", SamplingParams(0.0)), ("sampled", SamplingParams(1.0, 5))):
         one = Sampler(reference).generate(prompts, 8, params, jax.random.key(0))
         many = Sampler(sharded, mesh=mesh).generate(prompts, 8, params, jax.random.key(0))
@@ -335,10 +335,10 @@ def test_cached_attention_reads_only_the_filled_prefix_and_matches_numpy(queries
     lengths in each prefix and at their edges, equals a NumPy softmax attention over the
     visible slots (holes included); the slots past `used` hold large stale entries that
     must not leak in."""
-    from jaxrl_agents.rollout.sampler import _prefix_sizes, cached_attention
+    from jaxrl_agents.models.transformer import cached_attention, prefix_sizes
 
     b, n, k, h, s = 2, 4, 2, 8, 512
-    assert _prefix_sizes(s) == [128, 256, 512]
+    assert prefix_sizes(s) == [128, 256, 512]
     rng = np.random.default_rng(0)
     q = rng.normal(size=(b, queries, n, h)).astype(np.float32)
     keys = rng.normal(size=(b, k, h, s)).astype(np.float32)  # [B, K, H, S]
@@ -363,3 +363,39 @@ def test_cached_attention_reads_only_the_filled_prefix_and_matches_numpy(queries
                     p = np.exp(scores - scores.max())
                     want[row, t, head] = (p / p.sum()) @ values[row, kv][seen]
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"used={used}")
+
+
+def test_prefill_keeps_only_the_last_positions_logits():
+    """At a 49,152-token vocabulary, the compiled prefill + decode program of a 256-token
+    chunk over 4 rows needs far less scratch memory than the chunk's [B, P, V] float32
+    logits (201 MB): only [B, V] of them are made. The bound is computed from the shapes:
+    a few [B, V] rows, the layer activations, attention scores and the cache."""
+    from flax import nnx
+
+    from jaxrl_agents.models import ModelConfig, Transformer
+    from jaxrl_agents.rollout.sampler import _extend
+
+    cfg = ModelConfig(vocab_size=49152, hidden_size=32, intermediate_size=64, num_layers=2,
+                      num_heads=4, num_kv_heads=2, head_dim=8, qkv_bias=False,
+                      scan_layers=True)
+    model = Transformer(cfg, rngs=nnx.Rngs(0))
+    b, p, s, width = 4, 256, 384, 16
+    logits, _ = model.forward_with_cache(
+        np.ones((b, p), np.int32), np.tile(np.arange(p), (b, 1)), model.init_cache(b, s), 0,
+        np.arange(s)[None].repeat(b, 0) < p)
+    assert logits.shape == (b, cfg.vocab_size)
+    sampler = Sampler(model)
+    state = sampler.new_state(b, s)
+    graphdef, params = nnx.split(model)
+    ids, mask = np.ones((b, p), np.int32), np.ones((b, p), bool)
+    compiled = _extend.lower(
+        graphdef, params, state.cache, state.cache_mask, np.int32(0), ids, mask,
+        state.lengths, jax.random.key(0), sampler._stop_table, sampler._allowed, None,
+        np.int32(width), width=width, sampling=SamplingParams(), choice_width=64).compile()
+    temp = compiled.memory_analysis().temp_size_in_bytes
+    all_logits = b * p * cfg.vocab_size * 4
+    row_logits = b * cfg.vocab_size * 4
+    scores = b * cfg.num_heads * p * s * 4  # one layer's attention scores, float32
+    activations = 8 * b * p * max(cfg.intermediate_size, cfg.hidden_size) * 4
+    assert temp < 16 * row_logits + 4 * scores + activations, (temp, all_logits)
+    assert temp < all_logits / 4

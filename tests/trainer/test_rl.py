@@ -193,7 +193,9 @@ def test_prepare_in_row_chunks_equals_the_whole_batch(estimator):
 
 def test_prepare_in_row_chunks_holds_one_chunk_of_logits():
     """Compiled temp memory of prepare with a 512-token vocabulary (logits dominate): a
-    quarter of the rows at a time needs well under half of the whole batch's."""
+    quarter of the rows at a time needs well under half of the whole batch's; with the
+    batch's `loss_index` (action positions), logits are made at those positions only and
+    the [B, T, V] logits never exist."""
     from flax import nnx
 
     from jaxrl_agents.models import build_actor_critic
@@ -202,17 +204,23 @@ def test_prepare_in_row_chunks_holds_one_chunk_of_logits():
     ac = build_actor_critic(tiny_policy(vocab_size=512), "head", rngs=nnx.Rngs(1))
     learner = RLLearner(ac, RLHyper(estimator="gae"), optax.adam(1e-3), minibatch_size=8)
     state = learner.init_state(ac)
-    arrays = {k: jnp.asarray(v) for k, v in random_batch(0).as_dict().items()}
+    indexed = {k: jnp.asarray(v) for k, v in random_batch(0).as_dict().items()}
+    arrays = {k: v for k, v in indexed.items() if k != "loss_index"}
     prepare = _jitted_prepare(learner)
 
-    def temp_bytes(rows):
-        compiled = prepare.lower(state, arrays, jnp.float32(0.1), rows).compile()
+    def temp_bytes(rows, batch=arrays):
+        compiled = prepare.lower(state, batch, jnp.float32(0.1), rows).compile()
         return compiled.memory_analysis().temp_size_in_bytes
 
     whole, quarter = temp_bytes(None), temp_bytes(2)
     logits = arrays["input_ids"].size * 512 * 4
     assert whole > logits  # the whole batch's logits are live at once
     assert quarter < 0.5 * whole, (quarter, whole)
+    index = indexed["loss_index"]
+    assert index.shape[1] < arrays["input_ids"].shape[1]
+    at_actions = temp_bytes(None, indexed)
+    assert at_actions < logits * index.shape[1] / arrays["input_ids"].shape[1] + 0.5 * logits
+    assert at_actions < 0.75 * whole, (at_actions, whole)
 
 
 def test_update_metrics_do_not_depend_on_the_prepare_chunks():

@@ -1,0 +1,178 @@
+"""Real-model sampler benchmark: compile time, compiled programs and decode speed at the
+shape of SmolLM2-135M-Instruct (Llama: 30 layers, D=576, 9 query / 3 kv heads, head dim
+64, F=1536, vocabulary 49,152, tied embeddings), in one run on this machine.
+
+1. `--compile`: what a 32-episode evaluation compiles. A scripted multi-turn workload
+   drives the sampler as the episode driver does (a ~350-token first prompt, then turns of
+   a ~60-token observation and an action of up to 16 tokens), and JAX's compile events are
+   counted: programs compiled, seconds spent lowering and compiling, and wall time.
+2. `--decode`: greedy decode tokens/s against transformers' PyTorch `generate` with the same
+   weights (float32, 64-token prompts, 64 new tokens), batch 1, 8 and 32, timed in turns
+   (best of `--repeats`); at batch 1 also against the memory-bandwidth bound (weight bytes
+   read per token over a measured copy bandwidth).
+
+Weights: random, of the real shape (the numbers do not depend on their values).
+Usage: .venv/bin/python bench/real_model.py [--compile] [--decode] [--repeats N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+PROMPT, NEW, BATCHES = 64, 64, (1, 8, 32)
+COMPILE_EVENTS = {
+    "/jax/core/compile/jaxpr_to_mlir_module_duration": "lowering",
+    "/jax/core/compile/backend_compile_duration": "compiling",
+}
+
+
+def smollm2_shape(path: str, layers: int = 30):
+    """A random Llama checkpoint of SmolLM2-135M's shape, saved to `path`; returns it."""
+    import torch
+    import transformers
+
+    config = transformers.LlamaConfig(
+        vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=layers,
+        num_attention_heads=9, num_key_value_heads=3, head_dim=64, tie_word_embeddings=True,
+        max_position_embeddings=8192, rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 100000.0})
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    model.save_pretrained(path)
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+class CompileCounter:
+    """Counts JAX's lowering and compile events (and their seconds) while it is active."""
+
+    def __init__(self):
+        self.seconds = dict.fromkeys(COMPILE_EVENTS.values(), 0.0)
+        self.programs = 0
+
+    def __call__(self, event, duration, **_):
+        if event in COMPILE_EVENTS:
+            self.seconds[COMPILE_EVENTS[event]] += duration
+            self.programs += event.endswith("backend_compile_duration")
+
+    def __enter__(self):
+        jax.monitoring.register_event_duration_secs_listener(self)
+        return self
+
+    def __exit__(self, *exc):
+        jax.monitoring.unregister_event_duration_listener(self)
+
+
+def evaluation_workload(sampler, episodes: int, rows: int, turns: int, seed: int = 0):
+    """Plays `episodes` scripted episodes `rows` at a time through the sampler as the episode
+    driver does (one state per batch, a chunk per turn, `ensure_room` as it grows)."""
+    from jaxrl_agents.rollout import SamplingParams
+
+    rng = np.random.default_rng(seed)
+    vocab = sampler.config.vocab_size
+    for start in range(0, episodes, rows):
+        n = min(rows, episodes - start)
+        batch = sampler.batch_size(n)
+        state = sampler.new_state(batch, 512)
+        for turn in range(turns):
+            length = 350 if turn == 0 else int(rng.integers(40, 90))
+            chunks = [rng.integers(1, vocab, length).tolist() for _ in range(n)]
+            chunks += [[]] * (batch - n)
+            state, _ = sampler.extend(state, chunks, 16, SamplingParams(),
+                                      jax.random.key(turn))
+
+
+def measure_compile(path: str, episodes: int, rows: int, turns: int, scan: bool):
+    from jaxrl_agents.models import hf_io
+    from jaxrl_agents.rollout import Sampler
+
+    model = hf_io.load(path, scan_layers=scan)[0]
+    sampler = Sampler(model)
+    start = time.perf_counter()
+    with CompileCounter() as counter:
+        evaluation_workload(sampler, episodes, rows, turns)
+    wall = time.perf_counter() - start
+    print(f"Compile: {episodes} scripted episodes, {rows} a batch, {turns} turns, "
+          f"scan_layers={model.config.scan_layers}: {counter.programs} programs compiled, "
+          f"lowering {counter.seconds['lowering']:.1f} s + compiling "
+          f"{counter.seconds['compiling']:.1f} s, wall {wall:.1f} s (first run, cold)")
+    start = time.perf_counter()
+    evaluation_workload(sampler, episodes, rows, turns, seed=1)
+    print(f"  the same workload again (compiled): {time.perf_counter() - start:.1f} s")
+
+
+def measure_decode(path: str, torch_model, repeats: int, scan: bool):
+    import torch
+
+    from bench.common import best_seconds_interleaved, copy_bandwidth_gbs, table
+    from jaxrl_agents.models import count_params, hf_io
+    from jaxrl_agents.rollout import Sampler, SamplingParams
+
+    model = hf_io.load(path, scan_layers=scan)[0]
+    sampler = Sampler(model)
+    rng = np.random.default_rng(0)
+    rows = []
+    for b in BATCHES:
+        prompts = rng.integers(1, 49152, size=(b, PROMPT))
+
+        def ours(p=prompts):
+            out = sampler.generate(p.tolist(), NEW, SamplingParams())
+            assert all(len(t) == NEW for t in out.tokens)
+
+        def theirs(p=prompts):
+            with torch.no_grad():
+                ids = torch.tensor(p, dtype=torch.long)
+                torch_model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                     max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False)
+
+        best = best_seconds_interleaved({"ours": ours, "torch": theirs}, repeats=repeats,
+                                        warmup=1)
+        tokens = b * NEW
+        rows.append([b, f"{tokens / best['ours']:.1f}", f"{tokens / best['torch']:.1f}",
+                     f"{best['torch'] / best['ours']:.2f}x"])
+        if b == 1:
+            weight_bytes = 4 * count_params(model)
+            bound = copy_bandwidth_gbs() * 1e9 / weight_bytes
+            per_token = best["ours"] / NEW
+    print(f"Decode: greedy, float32, prompt {PROMPT}, {NEW} new tokens, best of {repeats}, "
+          f"torch {torch.__version__} at {torch.get_num_threads()} threads, jax "
+          f"{jax.__version__}")
+    print(table(rows, ["batch", "ours tok/s", "torch tok/s", "ratio"]))
+    print(f"Batch 1 against the bandwidth bound: {1 / per_token:.1f} tok/s of at most "
+          f"{bound:.1f} tok/s ({weight_bytes / 1e6:.0f} MB of weights read per token): "
+          f"{1 / per_token / bound:.0%} of the bound")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--decode", action="store_true")
+    parser.add_argument("--episodes", type=int, default=32)
+    parser.add_argument("--rows", type=int, default=8)
+    parser.add_argument("--turns", type=int, default=6)
+    parser.add_argument("--layers", type=int, default=30)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--unrolled", action="store_true", help="scan_layers=False")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        torch_model = smollm2_shape(tmp, args.layers)
+        if args.compile:
+            measure_compile(tmp, args.episodes, args.rows, args.turns, not args.unrolled)
+        if args.decode:
+            measure_decode(tmp, torch_model, args.repeats, not args.unrolled)
+
+
+if __name__ == "__main__":
+    main()
