@@ -10,9 +10,11 @@ shape of SmolLM2-135M-Instruct (Llama: 30 layers, D=576, 9 query / 3 kv heads, h
    weights (float32, 64-token prompts, 64 new tokens), batch 1, 8 and 32, timed in turns
    (best of `--repeats`); at batch 1 also against the memory-bandwidth bound (weight bytes
    read per token over a measured copy bandwidth).
+3. `--memory`: peak resident memory of a 32-episode rollout that fills a 2048-slot cache,
+   against `jaxrl-plan`'s rows for it.
 
 Weights: random, of the real shape (the numbers do not depend on their values).
-Usage: .venv/bin/python bench/real_model.py [--compile] [--decode] [--repeats N]
+Usage: .venv/bin/python bench/real_model.py [--compile] [--decode] [--memory] [--unrolled]
 """
 
 from __future__ import annotations
@@ -155,10 +157,59 @@ def measure_decode(path: str, torch_model, repeats: int, scan: bool):
           f"{1 / per_token / bound:.0%} of the bound")
 
 
+def measure_memory(path: str, rows: int, context: int, scan: bool):
+    """Peak resident memory of a rollout of `rows` episodes whose cache fills `context`
+    slots (a 350-token prompt, then 60-90-token observations and 16-token actions), against
+    what `jaxrl-plan` counts for it: parameters, the KV cache and its copy while compacting,
+    and one prefill's scratch."""
+    import resource
+
+    import psutil
+
+    from configs.base import get_config
+    from jaxrl_agents import plan as planning
+    from jaxrl_agents import sharding
+    from jaxrl_agents.models import hf_io
+    from jaxrl_agents.rollout import Sampler, SamplingParams
+
+    before = psutil.Process().memory_info().rss
+    model, mc = hf_io.load(path, scan_layers=scan)
+    sampler = Sampler(model)
+    rng = np.random.default_rng(0)
+    state = sampler.new_state(rows, 512)
+    turn = 0
+    start = time.perf_counter()
+    while state.cache_index < context - 128 - 16:
+        length = 350 if turn == 0 else int(rng.integers(60, 90))
+        chunks = [rng.integers(1, mc.vocab_size, length).tolist() for _ in range(rows)]
+        state, _ = sampler.extend(state, chunks, 16, SamplingParams(temperature=1.0),
+                                  jax.random.key(turn))
+        turn += 1
+    wall = time.perf_counter() - start
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    cfg = get_config()
+    cfg.rollout.episodes_per_batch, cfg.rollout.max_context = rows, context
+    mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1})
+    rows_planned = planning.make_plan(cfg, mc, mesh).rows
+    parts = ("policy parameters", "KV cache (rollout)", "KV cache copy while compacting",
+             "rollout scratch (one prefill)")
+    planned = sum(rows_planned[k] for k in parts)
+    gib = 2**30
+    print(f"Memory: {rows} rows, {turn} turns, cache {state.slots} slots "
+          f"(index {state.cache_index}), {wall:.0f} s")
+    print(f"  process before the model {before / gib:.2f} GiB; peak RSS {peak / gib:.2f} GiB; "
+          f"peak minus before {(peak - before) / gib:.2f} GiB")
+    print("  jaxrl-plan: " + ", ".join(f"{k} {rows_planned[k] / gib:.2f}" for k in parts)
+          + f"; sum {planned / gib:.2f} GiB")
+    print(f"  measured / planned: {(peak - before) / planned:.2f}")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--compile", action="store_true")
     parser.add_argument("--decode", action="store_true")
+    parser.add_argument("--memory", action="store_true")
+    parser.add_argument("--context", type=int, default=2048)
     parser.add_argument("--episodes", type=int, default=32)
     parser.add_argument("--rows", type=int, default=8)
     parser.add_argument("--turns", type=int, default=6)
@@ -172,6 +223,9 @@ def main():
             measure_compile(tmp, args.episodes, args.rows, args.turns, not args.unrolled)
         if args.decode:
             measure_decode(tmp, torch_model, args.repeats, not args.unrolled)
+        if args.memory:
+            del torch_model
+            measure_memory(tmp, 32, args.context, not args.unrolled)
 
 
 if __name__ == "__main__":

@@ -402,6 +402,29 @@ def kv_cache_spec(
     return shape, mc.jnp_dtype, sharding.logical_to_sharding(VALUE_AXES, mesh, shape)
 
 
+def prefill_scratch_bytes(cfg, mc: ModelConfig, mesh) -> int:
+    """Per device: the scratch memory of one prefill + decode call at the largest rollout,
+    besides the weights and the KV cache. A prefill writes at most `sampler.MAX_PREFILL`
+    tokens (P; longer chunks go in pieces) and keeps only the last position's logits, so
+    this is bounded by the shapes: the chunk's activations [B, P, D] and MLP [B, P, F]
+    (a few of each), one layer's attention scores and probabilities [B, N, P, S] (float32),
+    and a few [B, V] float32 rows (logits, log-softmax, the sampling filters)."""
+    from jaxrl_agents.rollout import sampler
+
+    data = mesh.shape["data"] * mesh.shape["fsdp"]
+    tensor = mesh.shape["tensor"]
+    batch = bucket(cfg.rollout.episodes_per_batch, sampler.BATCH_BUCKETS, data)
+    rows = batch // data
+    slots = bucket(cfg.rollout.max_context, sampler.CACHE_BUCKETS)
+    chunk = min(sampler.MAX_PREFILL, bucket(cfg.rollout.max_context, sampler.PREFILL_BUCKETS))
+    act = jnp.dtype(mc.jnp_dtype).itemsize
+    heads = -(-mc.num_heads // tensor)
+    activations = rows * chunk * (4 * mc.hidden_size + 3 * -(-mc.intermediate_size // tensor))
+    scores = 3 * rows * heads * chunk * slots * 4
+    logits = 6 * rows * mc.vocab_size * 4
+    return activations * act + scores + logits
+
+
 # ----------------------------------------------------------------------------- the plan
 
 
@@ -463,8 +486,9 @@ def make_plan(cfg, mc: ModelConfig, mesh) -> Plan:
     rows["KV cache (rollout)"] = kv
     # `_compact` (not donated) holds the old and the new cache at once.
     rows["KV cache copy while compacting"] = kv
+    rows["rollout scratch (one prefill)"] = prefill_scratch_bytes(cfg, mc, mesh)
     train_peak = resident + 2 * grads + act["saved"] + act["recompute"]
-    rollout_peak = resident + 2 * kv
+    rollout_peak = resident + 2 * kv + rows["rollout scratch (one prefill)"]
     info = {
         "model": mc,
         "mesh": dict(mesh.shape),
@@ -516,7 +540,7 @@ def format_plan(plan: Plan, device_name: str, device_bytes: int, headroom: float
            "with gradients and optimizer state"] if info.get("lora_params") else []),
         f"mesh: {mesh}; device: {device_name}",
         f"train micro-batch: {info['micro_batch']} rows x {info['tokens_per_row']} tokens "
-        f"({info['rows_per_device']} rows per device); KV cache [L, k/v, B, K, S, H] = "
+        f"({info['rows_per_device']} rows per device); KV cache [k/v, L, B, K, S, H] = "
         f"{list(info['kv_cache_shape'])}",
         "",
         f"{'per device':<38}{'GiB':>10}",

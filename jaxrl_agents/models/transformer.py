@@ -242,24 +242,20 @@ class Block(nnx.Module):
         q, k, v = self.attn.qkv(self.input_norm(x_btd), cos_bth, sin_bth)
         return self._finish(x_btd, causal_attend(q, k, v, mask_btt))
 
-    def cached(self, x_btd, cos_bth, sin_bth, mask_bts, cache: KVCache, layer, cache_index,
+    def cached(self, x_btd, cos_bth, sin_bth, mask_bts, keys_bkhs, values_bksh, cache_index,
                prefixes: bool):
-        """One layer over T new tokens against the KV cache of all layers.
+        """One layer over T new tokens against this layer's cache, which it only reads.
 
-        Writes this layer's keys and values of the new tokens at slots
-        [cache_index, cache_index + T) of `cache[layer]` (in place: only those slots
-        change) and attends over the cache under mask_bts [B, T, S]: over the smallest
-        filled prefix (`cached_attention`) when `prefixes`, else over all S slots.
-        Returns (x [B, T, D], cache).
+        keys [B, K, H, S], values [B, K, S, H]: the cache, holding the earlier tokens at
+        slots < cache_index; the new tokens (slots [cache_index, cache_index + T)) attend to
+        their own keys and values directly (`cached_attention`), so the caller writes them
+        into the cache once for all layers after the last one. Returns (x [B, T, D], the new
+        tokens' (keys, values) [B, T, K, H]).
         """
         q, k, v = self.attn.qkv(self.input_norm(x_btd), cos_bth, sin_bth)
-        cache = cache.write(layer, cache_index, k, v)
-        keys, values = cache.layer(layer)
-        if prefixes:
-            attn = cached_attention(q, keys, values, mask_bts, used=cache_index + q.shape[1])
-        else:
-            attn = cache_attention(q, keys, values, mask_bts)
-        return self._finish(x_btd, attn), cache
+        attn = cached_attention(q, k, v, keys_bkhs, values_bksh, mask_bts, cache_index,
+                                prefixes)
+        return self._finish(x_btd, attn), (k, v)
 
     def _finish(self, x_btd, attn_btnh):
         x_btd = x_btd + self.attn.output(attn_btnh)
@@ -290,20 +286,16 @@ class KVCache(NamedTuple):
     def slots(self) -> int:
         return int(self.k.shape[KEY_AXES.index("length")])
 
-    def write(self, layer, start, k_btkh, v_btkh) -> KVCache:
-        """The cache with layer `layer`'s slots [start, start + T) set to k, v [B, T, K, H]."""
+    def write(self, start, k_lbtkh, v_lbtkh) -> KVCache:
+        """The cache with slots [start, start + T) of every layer set to k, v [L, B, T, K, H]
+        (in place where the buffers can be donated or are a loop's carry)."""
         zero = jnp.zeros((), jnp.int32)
-        layer, start = jnp.asarray(layer, jnp.int32), jnp.asarray(start, jnp.int32)
-        k_new = k_btkh.transpose(0, 2, 3, 1)[None].astype(self.k.dtype)  # (1, B, K, H, T)
-        v_new = v_btkh.transpose(0, 2, 1, 3)[None].astype(self.v.dtype)  # (1, B, K, T, H)
-        k = jax.lax.dynamic_update_slice(self.k, k_new, (layer, zero, zero, zero, start))
-        v = jax.lax.dynamic_update_slice(self.v, v_new, (layer, zero, zero, start, zero))
+        start = jnp.asarray(start, jnp.int32)
+        k_new = k_lbtkh.transpose(0, 1, 3, 4, 2).astype(self.k.dtype)  # (L, B, K, H, T)
+        v_new = v_lbtkh.transpose(0, 1, 3, 2, 4).astype(self.v.dtype)  # (L, B, K, T, H)
+        k = jax.lax.dynamic_update_slice(self.k, k_new, (zero, zero, zero, zero, start))
+        v = jax.lax.dynamic_update_slice(self.v, v_new, (zero, zero, zero, start, zero))
         return KVCache(k, v)
-
-    def layer(self, layer):
-        """(keys [B, K, H, S], values [B, K, S, H]) of one layer."""
-        return (jax.lax.dynamic_index_in_dim(self.k, layer, 0, keepdims=False),
-                jax.lax.dynamic_index_in_dim(self.v, layer, 0, keepdims=False))
 
     def prefix(self, n: int) -> KVCache:
         """The first n slots of every layer."""
@@ -334,44 +326,66 @@ def prefix_sizes(slots: int) -> list[int]:
     return sizes[::-1]
 
 
-def cached_attention(q_btnh, k_bkhs, v_bksh, mask_bts, used):
-    """Grouped-query attention of T queries over one layer's cache, reading only its
-    filled part.
+def cached_attention(q_btnh, k_btkh, v_btkh, keys_bkhs, values_bksh, mask_bts, cache_index,
+                     prefixes: bool = True):
+    """Grouped-query attention of T new tokens over one layer's cache and themselves.
 
-    Keys [B, K, H, S], values [B, K, S, H], as the cache stores them; mask_bts [B, T, S]:
-    True where query t may see slot s, never at a slot >= `used` (a traced int). The
-    attention runs over the smallest of `prefix_sizes(S)` that holds `used` slots (one
-    compiled branch per size, chosen by `lax.switch`), so a step early in a long cache does
-    not pay for the empty rest. Returns [B, T, N, H].
+    q [B, T, N, H]; k, v [B, T, K, H]: the new tokens', which sit at slots
+    [cache_index, cache_index + T); keys [B, K, H, S], values [B, K, S, H]: the cache as
+    it is stored, read at slots < cache_index only (the new slots may hold stale data);
+    mask_bts [B, T, S]: True where query t may see slot s. With `prefixes`, the cache is
+    read over the smallest of `prefix_sizes(S)` that holds cache_index slots (one compiled
+    branch per size, chosen by `lax.switch`), so a call early in a long cache does not pay
+    for the empty rest. Scores and softmax in float32. Returns [B, T, N, H].
     """
-    sizes = prefix_sizes(k_bkhs.shape[3])
+    t, s = q_btnh.shape[1], mask_bts.shape[2]
+    cache_index = jnp.asarray(cache_index, jnp.int32)
+    zero = jnp.zeros((), jnp.int32)
+    new_mask = jax.lax.dynamic_slice(mask_bts, (zero, zero, cache_index), (*mask_bts.shape[:2], t))
+    old_mask = mask_bts & (jnp.arange(s) < cache_index)
+
+    def attend_over(n):
+        return lambda *a: _two_part_attention(
+            q_btnh, k_btkh, v_btkh, keys_bkhs[..., :n], values_bksh[:, :, :n], a[0][..., :n],
+            new_mask)
+
+    sizes = prefix_sizes(s) if prefixes else [s]
     if len(sizes) == 1:
-        return cache_attention(q_btnh, k_bkhs, v_bksh, mask_bts)
-    branches = [
-        lambda q, k, v, m, n=n: cache_attention(q, k[..., :n], v[:, :, :n], m[..., :n])
-        for n in sizes
-    ]
-    used = jnp.asarray(used)
-    branch = sum((used > n).astype(jnp.int32) for n in sizes[:-1])
-    return jax.lax.switch(branch, branches, q_btnh, k_bkhs, v_bksh, mask_bts)
+        return attend_over(s)(old_mask)
+    branch = sum((cache_index > n).astype(jnp.int32) for n in sizes[:-1])
+    return jax.lax.switch(branch, [attend_over(n) for n in sizes], old_mask)
 
 
-def cache_attention(q_btnh, k_bkhs, v_bksh, mask_bts):
-    """Attention of T queries over all S slots of one layer's cache (float32 scores and
-    softmax). Returns [B, T, N, H]."""
+def _two_part_attention(q_btnh, k_btkh, v_btkh, keys_bkhs, values_bksh, old_mask_bts,
+                        new_mask_btt):
+    """softmax over [cache slots, new tokens] of q's scores, times their values: the cache
+    part read as stored, the new part from the new tokens' own keys and values."""
     b, t, n, h = q_btnh.shape
-    k, s = k_bkhs.shape[1], k_bkhs.shape[3]
+    k = keys_bkhs.shape[1]
     g = n // k
-    q = q_btnh.reshape(b, t, k, g, h).transpose(0, 2, 3, 1, 4).reshape(b, k, g * t, h)
-    if t == 1:  # a decode step: G rows per kv head, a product-and-sum beats a tiny matmul
-        scores = jnp.sum(q.astype(jnp.float32)[..., None] * k_bkhs[:, :, None], axis=-2)
+    q = q_btnh.reshape(b, t, k, g, h).transpose(0, 2, 3, 1, 4)  # (B, K, G, T, H)
+    if t == 1:  # a decode step: a product-and-sum reads the cache where it is stored
+        old = jnp.sum(q.astype(jnp.float32)[..., 0, :, None] * keys_bkhs[:, :, None],
+                      axis=-2)[:, :, :, None]  # (B, K, G, 1, S)
     else:
-        scores = jnp.einsum("bkqh,bkhs->bkqs", q, k_bkhs, preferred_element_type=jnp.float32)
-    scores = scores.reshape(b, k, g, t, s) * (h ** -0.5)
-    scores = jnp.where(mask_bts[:, None, None], scores, _MASKED)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v_bksh.dtype).reshape(b, k, g * t, s)
-    out = jnp.einsum("bkqs,bksh->bkqh", probs, v_bksh)  # (B, K, G*T, H)
-    return out.reshape(b, k, g, t, h).transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
+        old = jnp.einsum("bkgth,bkhs->bkgts", q, keys_bkhs, preferred_element_type=jnp.float32)
+    new = jnp.einsum("bkgth,bjkh->bkgtj", q, k_btkh, preferred_element_type=jnp.float32)
+    scale = h ** -0.5
+    old = jnp.where(old_mask_bts[:, None, None], old * scale, _MASKED)
+    new = jnp.where(new_mask_btt[:, None, None], new * scale, _MASKED)
+    top = jnp.maximum(old.max(axis=-1, keepdims=True), new.max(axis=-1, keepdims=True))
+    p_old, p_new = jnp.exp(old - top), jnp.exp(new - top)
+    total = p_old.sum(axis=-1) + p_new.sum(axis=-1)  # (B, K, G, T)
+    if t == 1:
+        out = jnp.sum(p_old[:, :, :, 0, :, None] * values_bksh[:, :, None].astype(jnp.float32),
+                      axis=-2)[:, :, :, None]  # (B, K, G, 1, H)
+    else:
+        out = jnp.einsum("bkgts,bksh->bkgth", p_old.astype(values_bksh.dtype), values_bksh,
+                         preferred_element_type=jnp.float32)
+    out = out + jnp.einsum("bkgtj,bjkh->bkgth", p_new.astype(v_btkh.dtype), v_btkh,
+                           preferred_element_type=jnp.float32)
+    out = out / total[..., None]
+    return out.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h).astype(q_btnh.dtype)
 
 
 # ----------------------------------------------------------------------------- model
@@ -465,24 +479,24 @@ class Transformer(nnx.Module):
         causal = jnp.arange(s)[None, :] <= query_slot[:, None]  # (T, S)
         mask = causal[None] & cache_mask[:, None, :].astype(bool)  # (B, T, S)
         x, cos, sin = self._embed(input_ids, positions)
-        layer_args = (cos, sin, mask)
 
-        def one_layer(x, cache, graphdef, state, layer):
+        def one_layer(x, graphdef, state, keys, values):
             block = nnx.merge(graphdef, state)
-            return block.cached(x, *layer_args, cache, layer, cache_index, prefixes)
+            return block.cached(x, cos, sin, mask, keys, values, cache_index, prefixes)
 
+        # The cache is only read inside the layer loop and written once after it: a
+        # buffer written and read in the same loop would be copied whole at every layer.
         if self.config.scan_layers:
             graphdef, state = nnx.split(self.blocks)
-
-            def body(carry, layer_state):
-                x, cache, layer = carry
-                x, cache = one_layer(x, cache, graphdef, layer_state, layer)
-                return (x, cache, layer + 1), None
-
-            (x, cache, _), _ = jax.lax.scan(body, (x, cache, jnp.int32(0)), state)
+            x, (k_new, v_new) = jax.lax.scan(
+                lambda x, xs: one_layer(x, graphdef, *xs), x, (state, cache.k, cache.v))
         else:
+            new = []
             for layer, block in enumerate(self.layers):
-                x, cache = one_layer(x, cache, *nnx.split(block), layer)
+                x, kv = one_layer(x, *nnx.split(block), cache.k[layer], cache.v[layer])
+                new.append(kv)
+            k_new, v_new = (jnp.stack(parts) for parts in zip(*new))
+        cache = cache.write(cache_index, k_new, v_new)
         if last_only:
             x = x[:, -1]
         return self.logits(self.final_norm(x)), cache

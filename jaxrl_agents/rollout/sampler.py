@@ -51,6 +51,8 @@ CHOICE_BUCKETS = (16, 64, 256)
 # Tokens a call may decode, as compiled: the call's own `max_new` is a traced limit under it.
 DECODE_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048)
 DEFAULT_CHOICE_WIDTH = 64  # a step with more distinct candidate ids is not constrained
+# The most tokens one prefill writes; a longer chunk is prefilled in pieces (`extend`).
+MAX_PREFILL = 512
 _NEG_INF = -jnp.inf
 
 
@@ -368,13 +370,15 @@ class Sampler:
     placed with `sharding.shard_params`); batch buckets become multiples of data * fsdp.
     pad_id: id written on padding (never attended to). sample_vocab: only ids below this
     are drawn (default: the model's whole vocabulary; pass len(tokenizer) when the model's
-    embedding has padding rows).
+    embedding has padding rows). max_prefill: the most tokens one prefill writes (a longer
+    chunk goes in pieces), which bounds a prefill's scratch memory.
     """
 
     def __init__(self, model, *, stop_token_ids: Sequence[int] = (), mesh=None, pad_id: int = 0,
                  prefill_buckets: Sequence[int] = PREFILL_BUCKETS,
                  cache_buckets: Sequence[int] = CACHE_BUCKETS,
-                 batch_buckets: Sequence[int] = BATCH_BUCKETS, sample_vocab: int | None = None):
+                 batch_buckets: Sequence[int] = BATCH_BUCKETS, sample_vocab: int | None = None,
+                 max_prefill: int = MAX_PREFILL):
         self.model = model
         self.config = model.config
         self.mesh = mesh
@@ -382,6 +386,9 @@ class Sampler:
         self.prefill_buckets = tuple(prefill_buckets)
         self.cache_buckets = tuple(cache_buckets)
         self.batch_buckets = tuple(batch_buckets)
+        if max_prefill < 1:
+            raise ValueError(f"max_prefill must be >= 1, got {max_prefill}")
+        self.max_prefill = int(max_prefill)
         self.stop_token_ids = tuple(int(t) for t in stop_token_ids)
         self._stop_table = jnp.asarray(stop_table_for(self.config.vocab_size,
                                                       self.stop_token_ids))
@@ -460,6 +467,22 @@ class Sampler:
             raise ValueError(f"extend(): {len(chunks)} chunks for a state of {state.batch} rows")
         if max_new < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new}")
+        if key is None:
+            key = jax.random.key(0)
+        # A long chunk is prefilled in pieces of at most `max_prefill` tokens (its head
+        # first, without decoding), so a prefill's scratch memory (attention scores
+        # [B, N, P, S]) stays bounded whatever the prompt's length.
+        m = self.max_prefill
+        heads = [list(c[:-m]) if len(c) > m else [] for c in chunks]
+        for start in range(0, max(len(h) for h in heads), m):
+            state, _ = self._run(state, [h[start:start + m] for h in heads], 0, sampling, key)
+        return self._run(state, [list(c[-m:]) for c in chunks], max_new, sampling, key,
+                         choices, choice_width)
+
+    def _run(self, state: DecodeState, chunks, max_new: int, sampling: SamplingParams, key,
+             choices=None, choice_width: int = DEFAULT_CHOICE_WIDTH):
+        """One `_extend` call: prefill `chunks` (at most `max_prefill` tokens each), then
+        decode up to `max_new` tokens (0: prefill only)."""
         longest = max((len(c) for c in chunks), default=0)
         p = bucket(max(longest, 1), self.prefill_buckets)
         ids = np.full((state.batch, p), self.pad_id, np.int32)
@@ -468,11 +491,9 @@ class Sampler:
             if len(chunk):
                 ids[row, p - len(chunk):] = chunk
                 mask[row, p - len(chunk):] = True
-        width = bucket(int(max_new), DECODE_BUCKETS)
+        width = bucket(max(int(max_new), 1), DECODE_BUCKETS)
         state = self.ensure_room(state, p + width)
         graphdef, params = nnx.split(self.model)
-        if key is None:
-            key = jax.random.key(0)
         toks, lp_raw, lp_samp, counts, cache, cache_mask, lengths, steps = _extend(
             graphdef, params, state.cache, state.cache_mask, jnp.int32(state.cache_index),
             self._place_rows(ids), self._place_rows(mask), self._place_rows(state.lengths),

@@ -512,7 +512,9 @@ class RLLearner:
             ref_params = jax.tree.map(jnp.copy, nnx.state(actor_critic.policy))
         master = None
         if self.master_weights:
-            master = jax.tree.map(lambda x: x.astype(jnp.float32), trainable)
+            # jnp.array copies: astype would hand back float32 leaves (LoRA adapters, the
+            # value head) themselves, and the step donates params and master together
+            master = jax.tree.map(lambda x: jnp.array(x, jnp.float32), trainable)
         anchor = fisher = None
         if self.hp.ewc_coef > 0:  # allocated from the start: one checkpoint layout per run
             anchor = jax.tree.map(jnp.copy, trainable)

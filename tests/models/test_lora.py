@@ -77,12 +77,50 @@ def test_fresh_adapters_leave_logits_unchanged(scan):
     assert float(jnp.abs(model(ids) - base(ids)).max()) > 1e-3  # back on after the block
 
 
+@pytest.mark.parametrize("scan", [False, True], ids=["layers", "scan"])
+def test_cached_decoding_applies_the_adapters(scan):
+    """The sampler's path (prefill, then one decode step against the KV cache) gives the
+    full forward's logits with trained adapters: one model path."""
+    model, _ = _policy(scan)
+    _randomize_adapters(model)
+    ids = _ids(2, 6)
+    full = model(ids)
+    t = ids.shape[1]
+    positions = jnp.broadcast_to(jnp.arange(t), ids.shape)
+    cache = model.init_cache(2, 8)
+    filled = jnp.arange(8)[None, :] < jnp.arange(1, t + 1)[:, None]  # (T, S): after token t
+    logits, cache = model.forward_with_cache(ids[:, :-1], positions[:, :-1], cache, 0,
+                                             jnp.broadcast_to(filled[t - 2], (2, 8)))
+    np.testing.assert_allclose(logits, full[:, t - 2], rtol=1e-5, atol=1e-5)
+    logits, _ = model.forward_with_cache(ids[:, -1:], positions[:, -1:], cache, t - 1,
+                                         jnp.broadcast_to(filled[t - 1], (2, 8)))
+    np.testing.assert_allclose(logits, full[:, t - 1], rtol=1e-5, atol=1e-5)
+
+
 def test_targets_choose_the_projections():
     model, _ = _policy(targets=("q", "v", "down"))
     names = {p[-2] for p, _ in nnx.to_flat_state(nnx.state(model, nnx.LoRAParam))}
     assert names == {"q_proj_lora", "v_proj_lora", "down_proj_lora"}
     assert lora.num_trainable(nnx.state(model)) == 2 * (4 * 32 + 32 * 4 + 4 * 32 + 16 * 4
                                                         + 4 * 48 + 32 * 4)
+
+
+@pytest.mark.parametrize("scan", [False, True], ids=["layers", "scan"])
+def test_sharding_rules_place_adapters_like_their_weights(scan):
+    """The rank axis is replicated; in and out follow the adapted weight's own axes."""
+    from jax.sharding import PartitionSpec as P
+
+    from jaxrl_agents import plan, sharding
+
+    model, _ = _policy(scan)
+    mesh = plan.abstract_mesh({"data": 1, "fsdp": 2, "tensor": 2}, 4)
+    lead = (None,) if scan else ()
+    specs = {p[-2:]: sharding.logical_to_spec(v.get_metadata()["out_sharding"], mesh, v.shape)
+             for p, v in nnx.to_flat_state(nnx.state(model, nnx.LoRAParam))}
+    assert specs[("q_proj_lora", "a")] == P(*lead, None, "fsdp")  # [r, D]
+    assert specs[("q_proj_lora", "b")] == P(*lead, "tensor", None)  # [N*H, r]
+    assert specs[("down_proj_lora", "a")] == P(*lead, None, "tensor")  # [r, F]
+    assert specs[("down_proj_lora", "b")] == P(*lead, "fsdp", None)  # [D, r]
 
 
 def test_config_errors_name_the_bad_key():

@@ -331,38 +331,50 @@ def test_constrained_decoding_emits_only_offered_commands(checkpoint, params):
 
 @pytest.mark.parametrize("queries", [1, 3])
 def test_cached_attention_reads_only_the_filled_prefix_and_matches_numpy(queries):
-    """`cached_attention` over a 512-slot cache (prefixes 128 / 256 / 512), for filled
-    lengths in each prefix and at their edges, equals a NumPy softmax attention over the
-    visible slots (holes included); the slots past `used` hold large stale entries that
-    must not leak in."""
+    """`cached_attention` of `queries` new tokens over a 512-slot cache (prefixes 128 / 256 /
+    512) and themselves, for cache fills in each prefix and at their edges, equals a NumPy
+    softmax attention over the visible slots (holes included). The new tokens' keys and
+    values come from their own arrays: the cache's entries at their slots and past them
+    hold large stale values that must not leak in."""
     from jaxrl_agents.models.transformer import cached_attention, prefix_sizes
 
     b, n, k, h, s = 2, 4, 2, 8, 512
     assert prefix_sizes(s) == [128, 256, 512]
     rng = np.random.default_rng(0)
     q = rng.normal(size=(b, queries, n, h)).astype(np.float32)
+    k_new = rng.normal(size=(b, queries, k, h)).astype(np.float32)
+    v_new = rng.normal(size=(b, queries, k, h)).astype(np.float32)
     keys = rng.normal(size=(b, k, h, s)).astype(np.float32)  # [B, K, H, S]
     values = rng.normal(size=(b, k, s, h)).astype(np.float32)  # [B, K, S, H]
-    for used in (queries, 100, 128, 129, 256, 300, 512):
+    for index in (0, 100, 125, 128, 129, 256, 300, 509):
         filled = rng.random((b, s)) < 0.8
-        filled[:, used - queries:] = True  # this call's own slots
-        filled[:, used:] = False
-        causal = np.arange(s)[None, :] < used - queries + 1 + np.arange(queries)[:, None]
+        filled[:, index:index + queries] = True  # this call's own slots
+        filled[1, index] = False  # a padded new token in row 1
+        filled[:, index + queries:] = False
+        causal = np.arange(s)[None, :] < index + 1 + np.arange(queries)[:, None]
         mask = filled[:, None, :] & causal[None]  # [B, T, S]
-        garbage_keys, garbage_values = keys.copy(), values.copy()
-        garbage_keys[..., used:] = 1e4
-        garbage_values[:, :, used:] = -1e4
-        got = np.asarray(cached_attention(q, garbage_keys, garbage_values, mask, used=used))
+        stale_keys, stale_values = keys.copy(), values.copy()
+        stale_keys[..., index:] = 1e4
+        stale_values[:, :, index:] = -1e4
+        got = np.asarray(cached_attention(q, k_new, v_new, stale_keys, stale_values, mask,
+                                          index))
         want = np.zeros_like(q)
         for row in range(b):
             for t in range(queries):
                 for head in range(n):
                     kv = head // (n // k)
-                    seen = mask[row, t]
-                    scores = q[row, t, head] @ keys[row, kv][:, seen] / np.sqrt(h)
+                    all_keys = np.concatenate([keys[row, kv][:, :index], k_new[row, :, kv].T],
+                                              axis=1)  # (H, index + T)
+                    all_values = np.concatenate([values[row, kv][:index], v_new[row, :, kv]])
+                    seen = mask[row, t, :index + queries]
+                    if not seen.any():
+                        continue
+                    scores = q[row, t, head] @ all_keys[:, seen] / np.sqrt(h)
                     p = np.exp(scores - scores.max())
-                    want[row, t, head] = (p / p.sum()) @ values[row, kv][seen]
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"used={used}")
+                    want[row, t, head] = (p / p.sum()) @ all_values[seen]
+        visible = mask.any(axis=2)  # a padded query sees nothing: its output is unused
+        np.testing.assert_allclose(got[visible], want[visible], rtol=1e-5, atol=1e-5,
+                                   err_msg=f"index={index}")
 
 
 def test_prefill_keeps_only_the_last_positions_logits():
@@ -399,3 +411,16 @@ def test_prefill_keeps_only_the_last_positions_logits():
     activations = 8 * b * p * max(cfg.intermediate_size, cfg.hidden_size) * 4
     assert temp < 16 * row_logits + 4 * scores + activations, (temp, all_logits)
     assert temp < all_logits / 4
+
+
+def test_a_long_chunk_prefilled_in_pieces_samples_the_same(checkpoint):
+    """With `max_prefill` 4, the prompts (7, 2 and 11 tokens) are prefilled in pieces of at
+    most 4 tokens before decoding: the same tokens and log-probs as in one prefill."""
+    model, _, _ = checkpoint
+    params = SamplingParams(temperature=1.0)
+    whole = Sampler(model).generate(PROMPTS, MAX_NEW, params, jax.random.key(3))
+    pieces = Sampler(model, max_prefill=4).generate(PROMPTS, MAX_NEW, params,
+                                                    jax.random.key(3))
+    assert pieces.tokens == whole.tokens
+    for got, want in zip(pieces.logprobs, whole.logprobs):
+        np.testing.assert_allclose(got, want, atol=2e-5)

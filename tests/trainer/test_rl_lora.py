@@ -64,3 +64,29 @@ def test_sft_with_lora_trains_only_the_adapters():
     assert history[-1]["train_loss"] < history[0]["train_loss"] - 0.03, history
     moved = _moved(before, nnx.state(policy))
     assert moved and all("_lora']" in m for m in moved), moved
+
+
+def test_master_copy_and_ewc_cover_the_trainable_part_only():
+    """bfloat16 weights with float32 adapters: the master copy, the EWC anchor and Fisher
+    hold adapters and value head only, and a step donates no buffer twice."""
+    import optax
+
+    from jaxrl_agents.models import Transformer, build_actor_critic
+    from jaxrl_agents.trainer.rl import RLHyper, RLLearner
+    from tests.trainer.helpers import tiny_policy
+
+    config = tiny_policy().config.replace(param_dtype="bfloat16", dtype="bfloat16")
+    policy = Transformer(config, rngs=nnx.Rngs(0))
+    lora.attach(policy, lora.LoRAConfig(rank=4), rngs=nnx.Rngs(1))
+    ac = build_actor_critic(policy, "head", rngs=nnx.Rngs(2))
+    learner = RLLearner(ac, RLHyper(estimator="gae", ewc_coef=1.0), optax.adam(1e-2),
+                        minibatch_size=8, master_weights=True)
+    state = learner.init_state(ac)
+    trainable = lora.trainable(state.params)
+    for tree in (state.master, state.ewc_anchor, state.ewc_fisher):
+        assert jax.tree.structure(tree) == jax.tree.structure(trainable)
+    state, metrics = learner.update(state, random_batch(0), jax.random.key(0))
+    state = learner.consolidate(state, random_batch(1))
+    assert max(float(np.abs(x).max()) for x in jax.tree.leaves(state.ewc_fisher)) > 0
+    state, metrics = learner.update(state, random_batch(2), jax.random.key(1))
+    assert metrics["losses/skipped"] == 0 and np.isfinite(metrics["losses/total"])
