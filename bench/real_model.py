@@ -10,11 +10,12 @@ shape of SmolLM2-135M-Instruct (Llama: 30 layers, D=576, 9 query / 3 kv heads, h
    weights (float32, 64-token prompts, 64 new tokens), batch 1, 8 and 32, timed in turns
    (best of `--repeats`); at batch 1 also against the memory-bandwidth bound (weight bytes
    read per token over a measured copy bandwidth).
-3. `--memory`: peak resident memory of a 32-episode rollout that fills a 2048-slot cache,
+3. `--learner`: forward + backward tokens/s of a next-token loss against the torch model.
+4. `--memory`: peak resident memory of a 32-episode rollout that fills a 2048-slot cache,
    against `jaxrl-plan`'s rows for it.
 
 Weights: random, of the real shape (the numbers do not depend on their values).
-Usage: .venv/bin/python bench/real_model.py [--compile] [--decode] [--memory] [--unrolled]
+Usage: .venv/bin/python bench/real_model.py [--compile] [--decode] [--learner] [--memory] [--unrolled]
 """
 
 from __future__ import annotations
@@ -204,11 +205,54 @@ def measure_memory(path: str, rows: int, context: int, scan: bool):
     print(f"  measured / planned: {(peak - before) / planned:.2f}")
 
 
+def measure_learner(path: str, torch_model, repeats: int, scan: bool, rows: int = 4,
+                    length: int = 512):
+    """Forward + backward tokens/s of the next-token loss over `rows` x `length` tokens:
+    ours (jitted value_and_grad, logits at every position) against the torch model's
+    forward and backward, the same weights, float32."""
+    import jax.numpy as jnp
+    import torch
+    from flax import nnx
+
+    from bench.common import best_seconds_interleaved
+    from jaxrl_agents import kernels
+    from jaxrl_agents.models import hf_io
+
+    model = hf_io.load(path, scan_layers=scan)[0]
+    graphdef, params = nnx.split(model)
+    ids = np.random.default_rng(0).integers(1, 49152, size=(rows, length)).astype(np.int32)
+
+    @jax.jit
+    def grad(params, ids):
+        def loss(params):
+            logits = nnx.merge(graphdef, params)(ids)
+            return -kernels.next_token_logprobs(logits, ids)[:, 1:].mean()
+        return jax.value_and_grad(loss)(params)
+
+    def ours():
+        jax.block_until_ready(grad(params, ids))
+
+    torch_ids = torch.tensor(ids, dtype=torch.long)
+
+    def theirs():
+        torch_model.zero_grad()
+        torch_model(input_ids=torch_ids, labels=torch_ids).loss.backward()
+
+    torch_model.train()
+    best = best_seconds_interleaved({"ours": ours, "torch": theirs}, repeats=repeats, warmup=1)
+    torch_model.eval()
+    tokens = rows * length
+    print(f"Learner: forward + backward of the next-token loss, {rows} x {length} tokens, "
+          f"float32, scan_layers={scan}: ours {tokens / best['ours']:.0f} tok/s, torch "
+          f"{tokens / best['torch']:.0f} tok/s, ratio {best['torch'] / best['ours']:.2f}x")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--compile", action="store_true")
     parser.add_argument("--decode", action="store_true")
     parser.add_argument("--memory", action="store_true")
+    parser.add_argument("--learner", action="store_true")
     parser.add_argument("--context", type=int, default=2048)
     parser.add_argument("--episodes", type=int, default=32)
     parser.add_argument("--rows", type=int, default=8)
@@ -223,6 +267,8 @@ def main():
             measure_compile(tmp, args.episodes, args.rows, args.turns, not args.unrolled)
         if args.decode:
             measure_decode(tmp, torch_model, args.repeats, not args.unrolled)
+        if args.learner:
+            measure_learner(tmp, torch_model, args.repeats, not args.unrolled)
         if args.memory:
             del torch_model
             measure_memory(tmp, 32, args.context, not args.unrolled)
