@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv install test bench lint demo results clean
+.PHONY: venv install install-gpu test bench lint demo results clean
 
 venv: $(STAMP)
 
@@ -24,6 +24,22 @@ $(STAMP): setup.cfg pyproject.toml Makefile
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# NVIDIA GPUs: torch first as the CPU build (it only converts checkpoints and runs tests; a
+# CUDA build would bring a second set of CUDA libraries), then everything `make install`
+# installs, then JAX's CUDA plugin at the jax version setup.cfg pins (the `jax[cuda12]`
+# extra; CUDA=cuda13 for CUDA 13 drivers). The CUDA libraries come as pip wheels: only the
+# NVIDIA driver is needed on the machine.
+CUDA        ?= cuda12
+TORCH_PIN   := $(shell grep -m1 -o 'torch==[0-9.]*' setup.cfg)
+JAX_VERSION := $(shell sed -n 's/^ *jax==\([0-9.]*\)$$/\1/p' setup.cfg)
+
+install-gpu:
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q $(TORCH_PIN) --index-url https://download.pytorch.org/whl/cpu
+	$(MAKE) install
+	$(PY) -m pip install -q "jax[$(CUDA)]==$(JAX_VERSION)"
+	$(PY) -c 'import jax; print(jax.devices())'
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests

@@ -59,6 +59,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.tokenizer.path = ""  # HF tokenizer dir, or as model.hf_path; "" trains a BPE on env text
     c.tokenizer.vocab_size = 512  # size of a trained tokenizer
     c.tokenizer.chat_template = "chat"  # chat (tokenizer's template) | plain
+    c.tokenizer.system_prompt = ""  # episodes' first message; "" = rollout.DEFAULT_SYSTEM_PROMPT
 
     # --- rollout: sampling actions --------------------------------------------------------
     c.rollout = ml_collections.ConfigDict()

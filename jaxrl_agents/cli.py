@@ -19,17 +19,20 @@ TRAIN_HELP = """Train an agent: SFT on golden trajectories (if sft.enabled), the
   jaxrl-train --config configs/textworld_tiny.py [--config.rl.learning_rate=1e-5 ...] [--resume]
 
 Outputs go to <output_dir>/<name>/: config.json, metrics.jsonl, TensorBoard events,
-checkpoints/, eval.json (held-out success after SFT and after RL), plots/*.png.
+checkpoints/, eval.json (held-out success after SFT and after RL; first "base", before any
+training, when model.hf_path names pretrained weights), plots/*.png.
 """
 
-EVAL_HELP = """Evaluate a trained run on its held-out tasks (greedy actions, or sampled ones).
+EVAL_HELP = """Evaluate a run on its held-out tasks (greedy actions, or sampled ones).
 
   jaxrl-eval --run runs/NAME            # the run's config.json and latest checkpoint
   jaxrl-eval --config X.py [--config.a=b ...] [--step N]
   jaxrl-eval --run runs/NAME --temperature 1 --samples 4   # sampled play, 4 per game
+  jaxrl-eval --config configs/textworld_smollm2.py          # no checkpoint yet: zero-shot
 
 Prints held-out success with a 95% confidence interval and writes it to eval.json ("eval";
-"eval_T<temperature>" for sampled play).
+"eval_T<temperature>" for sampled play). A run without a checkpoint (or with --base) plays
+its pretrained weights (model.hf_path) instead: "base" / "base_T<temperature>".
 """
 
 
@@ -102,6 +105,9 @@ def eval_main(argv=None) -> int:
                        help="with --temperature: play each held-out game this many times "
                             "(the interval is then over games)")
         p.add_argument("--seed", type=int, default=0, help="with --temperature: sampling seed")
+        p.add_argument("--base", action="store_true",
+                       help="play the pretrained weights (model.hf_path), not a checkpoint "
+                            "(the default when the run has none)")
 
     try:
         args, cfg = _parse(sys.argv[1:] if argv is None else argv, EVAL_HELP, extra)
@@ -111,6 +117,8 @@ def eval_main(argv=None) -> int:
             check_eval_sampling(args.temperature, args.samples)
         except ValueError as err:
             raise ConfigError(f"--temperature / --samples: {err}") from None
+        if args.base and args.step is not None:
+            raise ConfigError("--base plays the pretrained weights: give it no --step")
         if cfg is None:
             if not args.run:
                 raise ConfigError("jaxrl-eval needs --run DIR or --config PATH")
@@ -125,14 +133,20 @@ def eval_main(argv=None) -> int:
         return 2
     from jaxrl_agents.trainer.loop import evaluate_checkpoint
 
-    result = evaluate_checkpoint(cfg, step=args.step, temperature=args.temperature,
-                                 samples=args.samples, seed=args.seed)
+    try:
+        result = evaluate_checkpoint(cfg, step=args.step, temperature=args.temperature,
+                                     samples=args.samples, seed=args.seed, base=args.base)
+    except FileNotFoundError as err:
+        print(f"jaxrl-eval: {err}", file=sys.stderr)
+        return 2
     how = "greedy" if args.temperature == 0 else (
         f"sampled at temperature {args.temperature:g}, {args.samples} per game")
     print(
         f"held-out success ({how}): {result['mean']:.3f} (95% CI {result['ci_low']:.3f}-"
         f"{result['ci_high']:.3f}, {result.get('games', result['n'])} games"
         + (f", {result['n']} episodes)" if "games" in result else ")")
+        + (f"; invalid actions: {result['invalid_action_share']:.3f}"
+           if result.get("invalid_action_share") is not None else "")
     )
     return 0
 

@@ -12,6 +12,10 @@ and the spread of returns collapses (every episode the same) or explodes. The mo
 - return variance: variance of episode returns over the batch;
 - KL to the reference policy per action token (the learner's "kl/ref_kl").
 
+`invalid_action_share` (no threshold) is reported with every update and evaluation: the
+share of actions the env refused, which free-text decoding makes and constrained decoding
+does not.
+
 `Monitor.check` turns them into metrics ("monitor/*") and warning lines. `novelty_bonus`
 is the optional counter-measure: a small reward for an action new to its episode.
 """
@@ -80,6 +84,13 @@ def admissible_coverage(trajectories: Sequence[Trajectory]) -> float:
                 used.setdefault(t.group_id, set()).add(normalize_action(action))
     shares = [len(used.get(g, ())) / len(c) for g, c in offered.items() if c]
     return float(np.mean(shares)) if shares else float("nan")
+
+
+def invalid_action_share(trajectories: Sequence[Trajectory]) -> float:
+    """Share of all actions that their env refused as invalid (`info["invalid"]`: for the text
+    games, a command not among the admissible ones); NaN when there was no action."""
+    verdicts = [bool(v) for t in trajectories for v in t.info.get("invalid", [])]
+    return float(np.mean(verdicts)) if verdicts else float("nan")
 
 
 def return_variance(trajectories: Sequence[Trajectory]) -> float:

@@ -156,3 +156,25 @@ def test_group_estimators_listed_once():
     from jaxrl_agents import config, kernels
 
     assert config.GROUP_ESTIMATORS == kernels.GROUP_ESTIMATORS
+
+
+def test_smollm2_config_loads_and_validates():
+    """configs/textworld_smollm2.py: the SmolLM2 preset in its own chat template with a system
+    prompt on the command format, scanned layers, held-out games of the eval split,
+    constrained decoding (the free-text arm: one override), PPO with GAE and a value head."""
+    path = "configs/textworld_smollm2.py"
+    cfg = load_config(path)
+    validate(cfg)
+    assert cfg.model.hf_path == cfg.tokenizer.path == "smollm2-135m-instruct"
+    assert cfg.model.scan_layers and cfg.tokenizer.chat_template == "chat"
+    prompt = cfg.tokenizer.system_prompt
+    assert "one command" in prompt and "[Actions]" in prompt and "go north" in prompt
+    assert (cfg.env.family, cfg.env.name, cfg.env.obs_format) == ("textworld", "w2-o3-q4",
+                                                                  "compact_goal")
+    assert cfg.env.num_eval_tasks > 0 and cfg.rollout.constrain_actions
+    assert (cfg.algo.estimator, cfg.model.critic) == ("gae", "head")
+    assert cfg.rl.learning_rate == 1e-5 and 0 < cfg.kl.coef <= 0.05
+    free = load_config(path, ["--config.rollout.constrain_actions=False"])
+    assert not free.rollout.constrain_actions
+    base = load_config(BASE)
+    assert base.tokenizer.system_prompt == ""  # the driver's default prompt

@@ -60,6 +60,7 @@ class EpisodeRecord:
     turn_info: list = dataclasses.field(default_factory=list)  # reward components per turn
     admissible: list = dataclasses.field(default_factory=list)  # commands offered per state
     choices: list = dataclasses.field(default_factory=list)  # constrained decoding: token ids
+    invalid: list = dataclasses.field(default_factory=list)  # env's info["invalid"] per action
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -87,8 +88,10 @@ class EpisodeRecord:
 
     def add_reward(self, reward: float, info: dict | None = None) -> None:
         """The reward of the last action, on its last token; the env's reward-component
-        info keys (rewards.TURN_INFO_KEYS) are kept for that turn."""
+        info keys (rewards.TURN_INFO_KEYS) are kept for that turn, and its verdict
+        `info["invalid"]` (the action was not among the commands the env accepts)."""
         self.rewards[self.turn_ends[-1]] += float(reward)
+        self.invalid.append(bool((info or {}).get("invalid", False)))
         self.turn_info += [{}] * (len(self.turn_ends) - len(self.turn_info))
         self.turn_info[-1].update({k: info[k] for k in TURN_INFO_KEYS if k in (info or {})})
 
@@ -97,7 +100,8 @@ class EpisodeRecord:
         info = {"actions": list(self.actions),
                 "sampling_logprobs": np.asarray(self.sampling_logprobs, np.float32),
                 "turn_info": [dict(d) for d in self.turn_info],
-                "admissible": [list(c) for c in self.admissible[:len(self.actions)]], **info}
+                "admissible": [list(c) for c in self.admissible[:len(self.actions)]],
+                "invalid": list(self.invalid), **info}
         if self.choices:
             info["choices"] = [[list(ids) for ids in turn] for turn in self.choices]
         return Trajectory(tokens=self.tokens, token_type=self.token_type,
@@ -264,6 +268,7 @@ class EpisodeDriver:
                       temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
                       stop_strings=tuple(r.stop_strings), group_size=r.group_size,
                       template=config.tokenizer.chat_template,
+                      system_prompt=config.tokenizer.system_prompt or DEFAULT_SYSTEM_PROMPT,
                       cache_buckets=tuple(r.length_buckets),
                       constrain_actions=r.constrain_actions, choice_width=r.choice_width)
         kwargs.update(overrides)

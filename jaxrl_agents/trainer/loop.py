@@ -358,6 +358,7 @@ class Trainer:
             {
                 "charts/success": setup.success_rate(trajs),
                 "charts/action_coverage": setup.action_coverage(trajs),
+                "charts/invalid_action_share": monitors.invalid_action_share(trajs),
                 "perf/tokens_per_s": float(tokens) / (rollout_s + update_s),
                 "perf/rollout_s": rollout_s,
                 "perf/update_s": update_s,
@@ -380,6 +381,8 @@ class Trainer:
             resume_step=self.progress.update if resumed else None,
         )
         self.logger.save_config(cfg)
+        if cfg.model.hf_path and not resumed:  # pretrained weights: eval.json base -> sft -> rl
+            self.supervised_summary["base"] = self.evaluate("base")
         supervised = cfg.sft.enabled or cfg.pretrain.episodes_per_task > 0
         if supervised and not self.progress.sft_done:
             # The warm-up runs whenever it is configured, with or without SFT after it.
@@ -443,13 +446,15 @@ def check_eval_sampling(temperature: float, samples: int) -> None:
 
 
 def held_out_result(trajectories) -> dict:
-    """Success (mean, 95% interval, n), mean return and env failures of some evaluation
+    """Success (mean, 95% interval, n), mean return, env failures and the share of actions
+    the env refused as invalid (`monitors.invalid_action_share`) of some evaluation
     episodes: a Wilson interval when each game was played once, else one over games
     (the env each episode ran in)."""
     result = clustered_success_ci([t.won for t in trajectories],
                                   [t.info.get("env_id", i) for i, t in enumerate(trajectories)])
     result["return_mean"] = float(np.mean([t.episode_return for t in trajectories]))
     result["failed"] = int(sum(t.failed for t in trajectories))
+    result["invalid_action_share"] = monitors.invalid_action_share(trajectories)
     return result
 
 
@@ -469,18 +474,26 @@ def train(cfg, *, resume: bool = False) -> dict:
 
 
 def evaluate_checkpoint(cfg, step: int | None = None, *, temperature: float = 0.0,
-                        samples: int = 1, seed: int = 0) -> dict:
+                        samples: int = 1, seed: int = 0, base: bool = False) -> dict:
     """Held-out success of a run's checkpoint (latest by default), written as "eval"
     (greedy) or "eval_T<temperature>" (sampled `samples` times per game; see
-    `Trainer.evaluate`)."""
+    `Trainer.evaluate`). With `base`, or when the run has no checkpoint yet, that of the
+    pretrained weights (`model.hf_path`) instead, written as "base" / "base_T<temperature>".
+    Raises FileNotFoundError when there is neither a checkpoint nor pretrained weights."""
     trainer = Trainer(cfg)
     try:
-        trainer.state = trainer.learner.init_state(trainer.actor_critic)
-        restored, _ = trainer.checkpointer.restore(
-            step, template={"learner": {"params": trainer.state.params}}, partial=True
-        )
-        trainer.state = dataclasses.replace(trainer.state, params=restored["learner"]["params"])
-        trainer._sync_policy()
+        base = base or (step is None and trainer.checkpointer.latest_step() is None)
+        if base and not cfg.model.hf_path:
+            raise FileNotFoundError(f"no checkpoint in {trainer.checkpointer.directory}, and "
+                                    "no pretrained weights (model.hf_path) to evaluate")
+        if not base:  # (for base, the policy modules hold the pretrained weights already)
+            trainer.state = trainer.learner.init_state(trainer.actor_critic)
+            restored, _ = trainer.checkpointer.restore(
+                step, template={"learner": {"params": trainer.state.params}}, partial=True
+            )
+            params = restored["learner"]["params"]
+            trainer.state = dataclasses.replace(trainer.state, params=params)
+            trainer._sync_policy()
         trainer.logger = RunLogger(
             trainer.run_dir,
             tensorboard=False,
@@ -488,20 +501,25 @@ def evaluate_checkpoint(cfg, step: int | None = None, *, temperature: float = 0.
             progress_bar=False,
             is_main=distributed.is_main_process(),
         )
-        stage = "eval" if temperature == 0 else f"eval_T{temperature:g}"
+        stage = ("base" if base else "eval") + ("" if temperature == 0 else f"_T{temperature:g}")
         return trainer.evaluate(stage, temperature=temperature, samples=samples, seed=seed)
     finally:
         trainer.close()
 
 
+# The held-out evaluations of a run, in order, and how the summary names them.
+SUMMARY_STAGES = {"base": "of the pretrained model", "sft": "after SFT", "rl": "after RL"}
+
+
 def format_summary(summary: dict) -> str:
-    """Human-readable end-of-run lines: held-out success after SFT and after RL."""
+    """Human-readable end-of-run lines: held-out success of the pretrained model (when the
+    run starts from one), after SFT and after RL."""
     lines = []
-    for stage in ("sft", "rl"):
+    for stage, when in SUMMARY_STAGES.items():
         r = summary.get(stage)
         if r and r.get("mean") is not None:
             lines.append(
-                f"held-out success after {stage.upper()}: {r['mean']:.3f} "
+                f"held-out success {when}: {r['mean']:.3f} "
                 f"(95% CI {r['ci_low']:.3f}-{r['ci_high']:.3f}, {r['n']} games)"
             )
     run_dir = summary.get("run_dir", "")

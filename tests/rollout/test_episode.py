@@ -11,7 +11,13 @@ from configs.base import get_config
 from jaxrl_agents.data import ACTION, PROMPT, pack
 from jaxrl_agents.models import ModelConfig, Transformer
 from jaxrl_agents.models.tokenizer import train_tokenizer
-from jaxrl_agents.rollout import EpisodeDriver, Renderer, grouped_specs, render_gold_trajectory
+from jaxrl_agents.rollout import (
+    DEFAULT_SYSTEM_PROMPT,
+    EpisodeDriver,
+    Renderer,
+    grouped_specs,
+    render_gold_trajectory,
+)
 
 TOY = [{"family": "toy", "task": "count", "n": 3, "seed": 1},
        {"family": "toy", "task": "guess", "n": 8, "seed": 2},
@@ -218,6 +224,11 @@ def test_from_config(model, tokenizer, pool):
     assert d.sampling.temperature == cfg.rollout.temperature
     assert d.renderer.template == cfg.tokenizer.chat_template
     assert d.group_size == cfg.rollout.group_size
+    assert d.renderer.system_prompt == DEFAULT_SYSTEM_PROMPT  # tokenizer.system_prompt ""
+    with cfg.unlocked():
+        cfg.tokenizer.system_prompt = "Answer with one command."
+    d = EpisodeDriver.from_config(model, tokenizer, pool, cfg)
+    assert d.renderer.system_prompt == "Answer with one command."
 
 
 def test_gold_actions_win_a_textworld_game(model, tokenizer, tmp_path):
