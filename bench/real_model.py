@@ -15,7 +15,8 @@ shape of SmolLM2-135M-Instruct (Llama: 30 layers, D=576, 9 query / 3 kv heads, h
    against `jaxrl-plan`'s rows for it.
 
 Weights: random, of the real shape (the numbers do not depend on their values).
-Usage: .venv/bin/python bench/real_model.py [--compile] [--decode] [--learner] [--memory] [--unrolled]
+Usage: .venv/bin/python bench/real_model.py [--compile] [--decode] [--learner] [--memory]
+       [--unrolled]
 """
 
 from __future__ import annotations
@@ -210,7 +211,6 @@ def measure_learner(path: str, torch_model, repeats: int, scan: bool, rows: int 
     """Forward + backward tokens/s of the next-token loss over `rows` x `length` tokens:
     ours (jitted value_and_grad, logits at every position) against the torch model's
     forward and backward, the same weights, float32."""
-    import jax.numpy as jnp
     import torch
     from flax import nnx
 
