@@ -282,10 +282,6 @@ class KVCache(NamedTuple):
     k: jax.Array
     v: jax.Array
 
-    @property
-    def slots(self) -> int:
-        return int(self.k.shape[KEY_AXES.index("length")])
-
     def write(self, start, k_lbtkh, v_lbtkh) -> KVCache:
         """The cache with slots [start, start + T) of every layer set to k, v [L, B, T, K, H]
         (in place where the buffers can be donated or are a loop's carry)."""
@@ -345,9 +341,9 @@ def cached_attention(q_btnh, k_btkh, v_btkh, keys_bkhs, values_bksh, mask_bts, c
     old_mask = mask_bts & (jnp.arange(s) < cache_index)
 
     def attend_over(n):
-        return lambda *a: _two_part_attention(
-            q_btnh, k_btkh, v_btkh, keys_bkhs[..., :n], values_bksh[:, :, :n], a[0][..., :n],
-            new_mask)
+        return lambda old_mask: _two_part_attention(
+            q_btnh, k_btkh, v_btkh, keys_bkhs[..., :n], values_bksh[:, :, :n],
+            old_mask[..., :n], new_mask)
 
     sizes = prefix_sizes(s) if prefixes else [s]
     if len(sizes) == 1:

@@ -251,6 +251,7 @@ def _extend(graphdef, params, cache, cache_mask, cache_index, chunk_ids, chunk_m
     logits, cache = model.forward_with_cache(chunk_ids, positions, cache, cache_index,
                                              cache_mask)
     first_slot = cache_index + p  # where the first decoded token goes
+    prefilled = lengths + chunk_mask.sum(axis=1, dtype=jnp.int32)  # (B,)
 
     def due(loop: _Loop):
         return (loop.step < max_new) & ~jnp.all(loop.done)
@@ -295,7 +296,7 @@ def _extend(graphdef, params, cache, cache_mask, cache_index, chunk_ids, chunk_m
     zeros = jnp.zeros((b, width), jnp.float32)
     loop = _Loop(
         step=jnp.int32(0), logits=logits, cache=cache, cache_mask=cache_mask,
-        lengths=lengths + chunk_mask.sum(axis=1, dtype=jnp.int32), done=~chunk_mask.any(axis=1),
+        lengths=prefilled, done=~chunk_mask.any(axis=1),
         key=key, tokens=jnp.zeros((b, width), jnp.int32), logprobs=zeros,
         sampling_logprobs=zeros,
         alive=jnp.zeros((b, 0), bool) if choice_ids is None else choice_ids[:, :, 0] >= 0)
@@ -306,7 +307,7 @@ def _extend(graphdef, params, cache, cache_mask, cache_index, chunk_ids, chunk_m
     for n in smaller:
         loop = jax.lax.cond(in_phase(loop, n), functools.partial(phase, n=n), lambda x: x, loop)
     loop = jax.lax.while_loop(due, step, loop)
-    counts = loop.lengths - lengths - chunk_mask.sum(axis=1, dtype=jnp.int32)
+    counts = loop.lengths - prefilled
     return (loop.tokens, loop.logprobs, loop.sampling_logprobs, counts, loop.cache,
             loop.cache_mask, loop.lengths, loop.step)
 
