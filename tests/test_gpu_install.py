@@ -2,6 +2,7 @@
 the JAX extra it installs names the CUDA plugin at the jax version setup.cfg pins."""
 
 import importlib.metadata
+import os
 import re
 import shutil
 import subprocess
@@ -20,8 +21,11 @@ def pinned(package: str) -> str:
 
 
 def dry_run(*args) -> list[str]:
-    done = subprocess.run(["make", "-n", "install-gpu", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60)
+    # Under `make test` the outer make's MAKELEVEL/MAKEFLAGS reach this make, which then
+    # prints "make[1]: Entering directory" lines around the commands: run it as a top level.
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
+    done = subprocess.run(["make", "--no-print-directory", "-n", "install-gpu", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60, env=env)
     assert done.returncode == 0, done.stderr
     return [line.strip() for line in done.stdout.splitlines()]
 
