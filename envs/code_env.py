@@ -10,14 +10,17 @@ The agent sees the repository's file list and the issue text, and acts with
     submit                     run the test suite and end the episode
 
 On `submit` (or when `max_steps` run out) the reward is the share of the task's
-FAIL_TO_PASS + PASS_TO_PASS tests that pass, computed by running pytest on the edited
-copy inside `envs.sandbox` ("binary": 1 only if all pass); `won` when all pass. That
-last step's info also holds the reward components `pass_share` and `style_score` (ruff
-on the files the agent changed, see envs.code_lint). The working copy is kept in
-memory: every test run materialises it in a fresh directory of the episode's sandbox,
-with the pristine test files (and conftest/pytest.ini) laid over it, so nothing the
-model's code writes or deletes survives into the grading run, and a test that is missing
-or broken counts as failing.
+FAIL_TO_PASS + PASS_TO_PASS tests that pass, decided by `envs.grader` from runs inside
+`envs.sandbox` ("binary": 1 only if all pass); `won` when all pass. A run the grader finds
+tampered with (a canary test that must fail passed, pytest's report or the out-of-process
+checks disagree, a pristine file changed, ...) earns 0 and sets `info["tampered"]`; see
+docs/threat_model.md. That last step's info also holds the reward components
+`pass_share` and `style_score` (ruff on the files the agent changed, see envs.code_lint).
+The working copy is kept in memory: every test run materialises it in a fresh directory
+of the episode's sandbox, with the pristine test and runner-config files (conftest.py,
+pytest.ini, setup.cfg, pyproject.toml, ...) laid over it, so nothing the model's code
+writes or deletes survives into the next run, and a test that is missing or broken
+counts as failing. Those files are read-only to `edit`.
 
 Spec keys: task_family, seed, split ("train"|"eval"), or instance (dict, JSON file or
 directory, see envs.code_tasks); max_steps, reward ("share"|"binary"), invalid_penalty
@@ -29,8 +32,6 @@ from __future__ import annotations
 
 import posixpath
 import re
-import shlex
-import sys
 
 from envs.base import (
     OBS_FORMATS,
@@ -43,7 +44,10 @@ from envs.base import (
 )
 from envs.code_lint import lint_patch
 from envs.code_tasks import TASK_FAMILIES, generate_task, load_instance
+from envs.grader import Grade, Grader, parse_pytest_summary, pytest_argv
 from envs.sandbox import Limits, Sandbox
+
+__all__ = ["CodeEnv", "USAGE", "make_env", "parse_pytest_summary", "pytest_argv"]
 
 SPEC_KEYS = frozenset({"task_family", "seed", "split", "instance", "max_steps", "reward",
                        "invalid_penalty", "obs_format", "timeout_s", "lint"})
@@ -52,7 +56,6 @@ MAX_ACTION_CHARS = 16_000
 MAX_FEEDBACK_CHARS = 4_000
 VIEW_LINES = 120
 MAX_SEARCH_HITS = 30
-PASSING = ("PASSED", "XFAIL")
 USAGE = """Commands (one per turn):
   view FILE [START-END]   show lines of a file (or list a folder)
   search TEXT             find TEXT in the repository
@@ -63,47 +66,6 @@ USAGE = """Commands (one per turn):
 
 def make_env(spec: dict) -> CodeEnv:
     return CodeEnv(spec)
-
-
-# ------------------------------------------------------------------ test outcomes
-_SUMMARY_RE = re.compile(r"^=+ short test summary info =+$")
-_OUTCOME_RE = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS|SKIPPED)\s+(.+)$")
-
-
-def parse_pytest_summary(output: str) -> dict[str, str]:
-    """{node id: outcome} from the `-rA` short test summary of a pytest run.
-
-    Only the first summary block is read (up to the closing `=== ... ===` line), so
-    text printed after pytest finished cannot add outcomes.
-    """
-    outcomes: dict[str, str] = {}
-    lines = output.splitlines()
-    start = next((i for i, line in enumerate(lines) if _SUMMARY_RE.match(line.strip())), None)
-    if start is None:
-        return outcomes
-    for line in lines[start + 1:]:
-        if line.startswith("="):
-            break
-        match = _OUTCOME_RE.match(line.strip())
-        if match and not match.group(2).startswith("["):
-            node = match.group(2).split(" - ")[0].strip()
-            outcomes.setdefault(node, match.group(1))
-    return outcomes
-
-
-def pytest_argv(test_cmd: str | list) -> list[str]:
-    """The interpreter command line for an instance's pytest command."""
-    argv = shlex.split(test_cmd) if isinstance(test_cmd, str) else list(test_cmd)
-    if argv[:1] in (["pytest"], ["py.test"]):
-        argv = [sys.executable, "-m", "pytest", *argv[1:]]
-    elif argv[:3] in (["python", "-m", "pytest"], ["python3", "-m", "pytest"]):
-        argv = [sys.executable, *argv[1:]]
-    else:
-        raise SpecError(f"test_cmd {test_cmd!r} is not a pytest command ('pytest ...')")
-    extra = [a for a in ("-rA", "--tb=short") if a not in argv]
-    if "no:cacheprovider" not in argv:
-        extra += ["-p", "no:cacheprovider"]
-    return argv[:3] + extra + argv[3:]
 
 
 # --------------------------------------------------------------------------- env
@@ -124,9 +86,9 @@ class CodeEnv:
         self.lint = spec.get("lint", True)
         if not isinstance(self.lint, bool):
             raise SpecError(f"code env: lint={self.lint!r} must be true or false")
-        self.argv = pytest_argv(self.instance["test_cmd"])
-        self.tests = self.instance["FAIL_TO_PASS"] + self.instance["PASS_TO_PASS"]
-        self.protected = set(self.instance.get("test_files", []))
+        self.grader = Grader(self.instance)
+        self.tests = self.grader.tests
+        self.protected = self.grader.protected
         self.task = TaskSpec(
             family="code", name=self.instance["instance_id"],
             complexity={"task_family": self.instance.get("task_family", "instance"),
@@ -181,18 +143,14 @@ class CodeEnv:
         reward, won = (-self.invalid_penalty if invalid and self.invalid_penalty else 0.0), False
         truncated = grade is None and self.steps >= self.max_steps
         if truncated:
-            grade = self._run_tests()
-            feedback += f"\nOut of steps ({self.max_steps}). Final tests:\n{grade['report']}"
+            grade = self._grade()
+            feedback += f"\nOut of steps ({self.max_steps}). Final tests:\n{grade.report}"
         info = {"command": verb, "invalid": invalid, "truncated": truncated}
         if grade is not None:
             self.done = True
-            won = grade["passed"] == grade["total"] and grade["total"] > 0
-            share = grade["passed"] / max(1, grade["total"])
-            reward += float(won) if self.reward_kind == "binary" else share
-            info.update(tests=grade["tests"], passed=grade["passed"], total=grade["total"],
-                        pass_share=share)
-            if self.lint:
-                info.update(lint_patch(self.instance["files"], self.files, self.sandbox))
+            won = grade.passed == grade.total > 0
+            reward += self._outcome_reward(grade, won)
+            info.update(self._grade_info(grade))
         return StepResult(self._observe(feedback), reward=reward, done=self.done, won=won,
                           info=info)
 
@@ -218,10 +176,10 @@ class CodeEnv:
         if verb == "edit" and len(words) == 3:
             return (verb, *self._edit(words[1], words[2], body if has_body else None), None)
         if verb in ("run_tests", "submit") and len(words) == 1 and not body.strip():
-            grade = self._run_tests()
             if verb == "run_tests":
-                return verb, grade["report"], False, None
-            return verb, f"Submitted. {grade['report']}", False, grade
+                return verb, self._run_tests().report, False, None
+            grade = self._grade()
+            return verb, f"Submitted. {grade.report}", False, grade
         known = verb in ("view", "search", "edit", "run_tests", "submit")
         problem = f"Malformed {verb} command." if known else (
             f"Unknown command {verb[:40]!r}." if verb else "Empty command.")
@@ -291,24 +249,33 @@ class CodeEnv:
                 f"{_numbered(lines, lo, hi)}"), False
 
     # --------------------------------------------------------------- tests
-    def _run_tests(self) -> dict:
-        """Runs the suite on the working copy with the pristine test files laid over it."""
+    def _run_tests(self) -> Grade:
+        """A feedback run (`run_tests`): pytest on the working copy, no reward."""
         self.test_runs += 1
-        pristine = self.instance["files"]
-        files = {**self.files, **{p: pristine[p] for p in self.protected if p in pristine}}
-        workdir = self.sandbox.fresh_dir(files, name="work")
-        result = self.sandbox.run(self.argv, cwd=workdir)
-        outcomes = parse_pytest_summary(result.stdout)
-        passed = {t: outcomes.get(t) in PASSING for t in self.tests}
-        n_pass = sum(passed.values())
-        status = "timed out" if result.timed_out else (result.error or f"exit {result.returncode}")
-        lines = [f"{n_pass}/{len(passed)} task tests pass (pytest: {status})."]
-        lines += [f"  FAIL {t}" for t, ok in passed.items() if not ok]
-        report = "\n".join(lines)
-        room = MAX_FEEDBACK_CHARS - len(report) - 40
-        if room > 200 and n_pass < len(passed):
-            report += "\n--- pytest output ---\n" + _failure_text(result)[:room]
-        return {"tests": passed, "passed": n_pass, "total": len(passed), "report": report}
+        return self.grader.run_tests(self.sandbox, self.files)
+
+    def _grade(self) -> Grade:
+        """The grading run of `submit` (or of running out of steps), see envs.grader."""
+        self.test_runs += 1
+        return self.grader.grade(self.sandbox, self.files)
+
+    def _outcome_reward(self, grade: Grade, won: bool) -> float:
+        if grade.tampered:
+            return 0.0
+        return float(won) if self.reward_kind == "binary" else grade.passed / max(1, grade.total)
+
+    def _grade_info(self, grade: Grade) -> dict:
+        """The grading step's info: test verdicts, reward components, the tamper flag.
+        A tampered run's components are 0, so no reward recipe pays any part of it."""
+        info = {"tests": grade.tests, "passed": grade.passed, "total": grade.total,
+                "pass_share": grade.passed / max(1, grade.total), "tampered": grade.tampered}
+        if grade.tampered:
+            info.update(pass_share=0.0, tamper_reasons=list(grade.reasons))
+            if self.lint:
+                info["style_score"] = 0.0
+        elif self.lint:
+            info.update(lint_patch(self.instance["files"], self.files, self.sandbox))
+        return info
 
     # --------------------------------------------------------- observation
     def _observe(self, feedback: str, reset: bool = False) -> str:
@@ -334,16 +301,6 @@ def _number(spec: dict, key: str, default, kind):
     if number < 0 or isinstance(value, bool):
         raise SpecError(f"code env: {key}={value!r} must be a non-negative {kind.__name__}")
     return number
-
-
-def _failure_text(result) -> str:
-    """The part of a pytest run worth showing: up to the passes / summary sections."""
-    text = result.output
-    for marker in ("= PASSES =", "= short test summary info ="):
-        cut = text.find(marker)
-        if cut > 0:
-            text = text[:text.rfind("\n", 0, cut) + 1]
-    return text.strip()
 
 
 def _parse_span(span: str) -> tuple[int, int] | None:

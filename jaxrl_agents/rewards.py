@@ -43,8 +43,9 @@ TEXT_MIX = {"env": 0.8, "progress": 0.2}  # text games: game score, quest progre
 MIXES = {"none": None, "code": CODE_MIX, "text": TEXT_MIX}  # reward.mix -> recipe
 SOURCES = ("verified", "binary", "learned")  # where the outcome reward comes from
 SOURCE_KINDS = (*SOURCES, "weighted")  # reward.source: one source, or source_weights
-# StepResult.info keys the episode driver keeps for every turn (Trajectory.info["turn_info"]).
-TURN_INFO_KEYS = ("won", "pass_share", "style_score", "progress")
+# StepResult.info keys the episode driver keeps for every turn (Trajectory.info["turn_info"]);
+# "tampered" (the code env's grader flag) feeds monitors.tampered_episodes.
+TURN_INFO_KEYS = ("won", "pass_share", "style_score", "progress", "tampered")
 
 
 def _check_finite(values: np.ndarray, what: str) -> None:

@@ -12,7 +12,14 @@ An instance is a plain dict:
     PASS_TO_PASS       node ids that pass before and after
     test_cmd           (optional) e.g. "pytest -q tests"; -rA and -p no:cacheprovider added
     test_files         (optional) files the agent may not change (default: test files,
-                       conftest.py, pytest.ini, tox.ini and the files the tests live in)
+                       runner configuration (conftest.py, pytest.ini, tox.ini, setup.cfg,
+                       pyproject.toml, ...) and the files the tests live in)
+    cases              (optional) the tests as data, {node id: {"module", "call", "args",
+                       "returns" | "raises"}}: `module.call(*args)` returns the value whose
+                       repr is "returns", or raises the built-in exception class named
+                       "raises"; args is the repr of a tuple. With it the grader decides
+                       outside the process that runs the code (envs/grader.py). Generated
+                       tasks carry it; it must cover every FAIL_TO_PASS + PASS_TO_PASS id.
 
 `generate_task(task_family, seed, split)` plants one bug of a family (TASK_FAMILIES) in
 one of the small libraries (envs/code_tasks/libraries.py); `load_instance(obj)` reads a
@@ -21,6 +28,7 @@ dict, a JSON file or a directory holding `instance.json` (and `repo/`).
 
 from __future__ import annotations
 
+import ast
 import copy
 import hashlib
 import json
@@ -38,7 +46,8 @@ TASK_FAMILIES = ("off_by_one", "wrong_operator", "missing_edge_case", "wrong_def
 SPLITS = ("train", "eval")
 EVAL_BUCKETS = 4  # one configuration in four is held out for the eval split
 DEFAULT_TEST_CMD = "pytest -q tests"
-PROTECTED_NAMES = ("conftest.py", "pytest.ini", "tox.ini")
+PROTECTED_NAMES = ("conftest.py", "pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg",
+                   "pyproject.toml", "sitecustomize.py", "usercustomize.py")
 MAX_FILE_BYTES = 200_000
 
 
@@ -95,6 +104,16 @@ def _test_source(mod: str, tests: list[tuple[str, str, tuple, tuple]]) -> str:
             body = f"    check({call}, {value!r})"
         parts.append(f"\ndef {name}():\n{body}\n")
     return "\n".join(parts)
+
+
+def _cases(mod: str, test_path: str, tests: list[tuple[str, str, tuple, tuple]]) -> dict:
+    """The tests as data (the instance's `cases`): the same calls and expectations."""
+    cases = {}
+    for name, func, args, (kind, value) in tests:
+        want = {"returns": repr(value)} if kind == "ok" else {"raises": value}
+        cases[f"{test_path}::{name}"] = {"module": mod, "call": func,
+                                         "args": repr(tuple(args)), **want}
+    return cases
 
 
 def _describe(outcome: tuple, verb: str) -> str:
@@ -174,6 +193,7 @@ def _build(lib: Library, mod: str, consts: dict, family: str, rng: random.Random
         "PASS_TO_PASS": keep,
         "test_cmd": DEFAULT_TEST_CMD,
         "test_files": [test_path, "pytest.ini"],
+        "cases": _cases(mod, test_path, tests),
         "task_family": family,
         "library": lib.key,
         "module": mod,
@@ -215,8 +235,29 @@ def read_repo_dir(path: str | Path) -> dict[str, str]:
 def _is_test_file(path: str) -> bool:
     parts = path.split("/")
     name = parts[-1]
-    return (name in PROTECTED_NAMES or name.startswith("test_") or name.endswith("_test.py")
-            or any(p in ("tests", "test", "testing") for p in parts[:-1]))
+    return (name in PROTECTED_NAMES or name.endswith(".pth") or name.startswith("test_")
+            or name.endswith("_test.py") or any(p in ("tests", "test", "testing")
+                                                for p in parts[:-1]))
+
+
+def _check_cases(cases, tests: list[str]) -> dict:
+    """The instance's `cases`, checked: one well-formed case per listed test."""
+    if not isinstance(cases, dict) or set(cases) != set(tests):
+        raise ValueError("instance key 'cases' must map exactly the FAIL_TO_PASS and "
+                         "PASS_TO_PASS node ids to cases")
+    for node, case in cases.items():
+        fields = {"module", "call", "args"}
+        if not (isinstance(case, dict) and fields <= set(case)
+                and len(set(case) & {"returns", "raises"}) == 1):
+            raise ValueError(f"case {node!r} needs module, call, args and one of "
+                             f"returns / raises, got {case!r}")
+        try:
+            args, _ = ast.literal_eval(case["args"]), ast.literal_eval(case.get("returns", "0"))
+        except (ValueError, SyntaxError) as exc:
+            raise ValueError(f"case {node!r}: args / returns must be Python literals") from exc
+        if not isinstance(args, tuple):
+            raise ValueError(f"case {node!r}: args must be the repr of a tuple")
+    return dict(cases)
 
 
 def load_instance(obj) -> dict:
@@ -250,6 +291,8 @@ def load_instance(obj) -> dict:
     if obj.get("test_patch"):
         files = apply_patch(files, obj["test_patch"])
     inst["files"] = files
+    if "cases" in obj:
+        inst["cases"] = _check_cases(obj["cases"], inst["FAIL_TO_PASS"] + inst["PASS_TO_PASS"])
     inst.setdefault("patch", "")
     inst.setdefault("test_cmd", DEFAULT_TEST_CMD)
     if "test_files" not in inst:

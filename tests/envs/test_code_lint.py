@@ -36,7 +36,8 @@ def test_gold_patch_gets_test_and_style_components():
     assert info["style_score"] == 1.0 and info["lint_violations"] == 0
     assert info["lint_files"] == ["cart.py"] and info["lint_lines"] > 20
     # The components reach the trajectory and the CODE_MIX reward of the submit turn.
-    assert traj.info["turn_info"] == [{}, {"pass_share": 1.0, "style_score": 1.0}]
+    assert traj.info["turn_info"] == [{}, {"pass_share": 1.0, "style_score": 1.0,
+                                           "tampered": False}]
     R.apply_recipe([traj], R.RewardRecipe({"verified": 1.0}, R.CODE_MIX))
     assert R.turn_rewards(traj).tolist() == pytest.approx([0.0, 1.0])
 
