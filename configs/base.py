@@ -106,6 +106,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.algo.entropy_coef = 0.0  # weight of the entropy bonus
     c.algo.grpo_std_normalize = True  # GRPO: divide by the group's std
     c.algo.normalize_advantages = True  # whiten advantages over the batch's action tokens
+    # tokens the policy loss, entropy, KL terms and their metrics count: "decisions" (action
+    # tokens drawn from more than one allowed id; every action token when unconstrained) or
+    # "actions" (every action token, forced ones too: they carry no gradient, only weight)
+    c.algo.loss_tokens = "decisions"
     c.algo.bootstrap_truncated = False  # True: an episode cut by budget/context ends with V, not 0
     c.algo.token_gamma = 1.0  # bilevel_gae: discount between tokens of one turn
     c.algo.token_lam = 1.0  # bilevel_gae: GAE lambda between tokens of one turn

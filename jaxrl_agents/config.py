@@ -31,6 +31,7 @@ CHOICES: dict[str, tuple] = {
     "env.obs_format": ("template", "compact", "compact_goal", "raw"),
     "algo.estimator": ("gae", "turn_gae", "bilevel_gae", "rloo", "grpo", "reinforce_pp"),
     "algo.loss_agg": ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean"),
+    "algo.loss_tokens": ("decisions", "actions"),
     "kl.kind": ("k1", "k2", "k3"),
     "kl.where": ("reward", "loss"),
     "kl.controller": ("fixed", "adaptive", "warmup"),

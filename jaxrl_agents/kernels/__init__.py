@@ -13,9 +13,11 @@ from jaxrl_agents.kernels.advantages import (
 from jaxrl_agents.kernels.gae import bilevel_gae, gae, turn_boundaries, turn_gae
 from jaxrl_agents.kernels.kl import kl, kl_per_token
 from jaxrl_agents.kernels.losses import (
+    LOSS_TOKENS,
     aggregate,
     allowed_logits,
     chunked_next_token_logprobs_and_entropy,
+    decision_mask,
     entropy,
     loss_positions_logprobs_and_entropy,
     next_token_logprobs,
@@ -34,10 +36,12 @@ __all__ = [
     "chunked_next_token_logprobs_and_entropy",
     "ESTIMATORS",
     "GROUP_ESTIMATORS",
+    "LOSS_TOKENS",
     "NEEDS_CRITIC",
     "aggregate",
     "bilevel_gae",
     "broadcast_to_tokens",
+    "decision_mask",
     "entropy",
     "episode_scores",
     "gae",

@@ -34,6 +34,23 @@ def aggregate(per_token, mask, agg="token-mean"):
     return masked_mean(per_seq, has_tokens)
 
 
+LOSS_TOKENS = ("decisions", "actions")
+
+
+def decision_mask(action_mask, allowed=None):
+    """[B, T]: the action tokens that were a decision, i.e. not forced. A token is forced
+    when constrained decoding allowed it exactly one id (`allowed` [B, T, K], -1 padded, as
+    in `next_token_logprobs_and_entropy`): its log-prob is 0 under every policy, so it adds
+    no gradient to a loss, only weight to a token mean. Without `allowed` every action
+    token was drawn from the whole vocabulary and is a decision."""
+    if allowed is None:
+        return action_mask
+    one_id = allowed[..., 0] >= 0
+    if allowed.shape[-1] > 1:
+        one_id = one_id & (allowed[..., 1] < 0)
+    return action_mask * (~one_id).astype(action_mask.dtype)
+
+
 def token_logprobs(logits, targets):
     """log softmax(logits)[targets]: [B, T, V], [B, T] int -> [B, T] (float32)."""
     logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)

@@ -48,6 +48,7 @@ class RLHyper:
     clip_eps_high: float | None = None
     dual_clip: float | None = None
     loss_agg: str = "token-mean"
+    loss_tokens: str = "decisions"  # the tokens policy terms count (kernels.decision_mask)
     value_clip: float | None = 0.2
     value_coef: float = 0.5
     entropy_coef: float = 0.0
@@ -79,6 +80,7 @@ class RLHyper:
             clip_eps_high=a.clip_eps_high or None,
             dual_clip=a.dual_clip or None,
             loss_agg=a.loss_agg,
+            loss_tokens=a.loss_tokens,
             value_clip=a.value_clip or None,
             value_coef=a.value_coef,
             entropy_coef=a.entropy_coef,
@@ -141,6 +143,15 @@ def _token_logprobs(policy, hidden, batch: dict, hp: RLHyper):
     return kernels.next_token_logprobs_and_entropy(logits(hidden), ids, allowed)
 
 
+def policy_mask(batch: dict, hp: RLHyper):
+    """[B, T]: the tokens the policy loss, entropy, KL terms and their metrics count (and
+    advantages are whitened over): the decisions, or every action token (`hp.loss_tokens`).
+    The value loss always counts every action token: GAE reads the critic at all of them."""
+    if hp.loss_tokens == "actions":
+        return batch["action_mask"]
+    return kernels.decision_mask(batch["action_mask"], batch.get("allowed"))
+
+
 def _forward(model, batch: dict, hp: RLHyper):
     """Aligned per-token outputs: logp, entropy, values [B, T] and the value after the
     last real token [B] (for truncated episodes)."""
@@ -158,7 +169,7 @@ def _ref_logprobs(ref_graphdef, ref_params, batch, hp: RLHyper):
     return _token_logprobs(ref, hidden, batch, hp)[0]
 
 
-def _advantages(hp: RLHyper, rewards, values, mask, last_value, group_ids):
+def _advantages(hp: RLHyper, rewards, values, mask, last_value, group_ids, whiten_mask):
     if hp.estimator in ("gae", "turn_gae"):
         adv, ret = kernels.ESTIMATORS[hp.estimator](
             rewards, values, mask, hp.gamma, hp.lam, last_value=last_value
@@ -185,7 +196,7 @@ def _advantages(hp: RLHyper, rewards, values, mask, last_value, group_ids):
         adv = kernels.broadcast_to_tokens(episode_adv, mask)
         ret = kernels.broadcast_to_tokens(scores, mask)
     if hp.normalize_advantages and hp.uses_critic:
-        adv = kernels.masked_whiten(adv, mask)
+        adv = kernels.masked_whiten(adv, whiten_mask)
     return adv, ret
 
 
@@ -252,12 +263,15 @@ def prepare(
     # its return is what it earned (a budget is part of the task; bootstrapping would
     # credit a take/put-back loop that runs out the budget with the critic's hopes).
     last_value = last_value * batch["truncated"] * hp.bootstrap_truncated
-    adv, ret = _advantages(hp, rewards, values, mask, last_value, batch["group_ids"])
+    decisions = policy_mask(batch, hp)
+    adv, ret = _advantages(hp, rewards, values, mask, last_value, batch["group_ids"], decisions)
     metrics = {
-        "kl/ref_kl": kernels.masked_mean(kl_tok, mask),
+        "kl/ref_kl": kernels.masked_mean(kl_tok, decisions),
         "charts/return_mean": kernels.masked_mean(batch["rewards"].sum(axis=1), batch["row_valid"]),
         "charts/return_var": kernels.masked_var(batch["rewards"].sum(axis=1), batch["row_valid"]),
-        "charts/advantage_mean": kernels.masked_mean(adv, mask),
+        "charts/advantage_mean": kernels.masked_mean(adv, decisions),
+        "charts/decision_share": kernels.masked_mean(
+            kernels.decision_mask(mask, batch.get("allowed")), mask),
         "charts/value_mean": kernels.masked_mean(values, mask),
     }
     extras = {"advantages": adv, "returns": ret, "old_values": values, "ref_logprobs": ref_logp}
@@ -275,21 +289,21 @@ def loss_fn(hp: RLHyper, graphdef, params, mb: dict, kl_coef, policy_coef, ewc_s
     (anchor, fisher) of the EWC penalty, or None."""
     model = nnx.merge(graphdef, params)
     logp, ent, values, _ = _forward(model, mb, hp)
-    mask = mb["action_mask"]
+    mask, decisions = mb["action_mask"], policy_mask(mb, hp)
     pg, pg_metrics = kernels.ppo_policy_loss(
         logp,
         mb["old_logprobs"],
         mb["advantages"],
-        mask,
+        decisions,
         clip_eps=hp.clip_eps,
         clip_eps_high=hp.clip_eps_high,
         dual_clip=hp.dual_clip,
         agg=hp.loss_agg,
     )
-    entropy = kernels.aggregate(ent, mask, hp.loss_agg)
+    entropy = kernels.aggregate(ent, decisions, hp.loss_agg)
     policy_loss = pg - hp.entropy_coef * entropy
     kl_value = kernels.aggregate(
-        kernels.kl_per_token(logp, mb["ref_logprobs"], hp.kl_kind), mask, hp.loss_agg
+        kernels.kl_per_token(logp, mb["ref_logprobs"], hp.kl_kind), decisions, hp.loss_agg
     )
     if hp.kl_where == "loss":
         policy_loss = policy_loss + kl_coef * kl_value
@@ -341,10 +355,10 @@ def apply_gradients(tx, grads, opt_state, params, master=None):
 
 
 def _micro_weights(hp: RLHyper, micro: dict) -> jax.Array:
-    """[A] weights of the micro-batches' losses: their share of the minibatch's action
-    tokens (token-mean) or of its rows with action tokens (seq-mean-*), so that the
-    accumulated gradient is the gradient of the whole minibatch's loss."""
-    mask = micro["action_mask"]  # (A, b, T)
+    """[A] weights of the micro-batches' losses: their share of the minibatch's policy
+    tokens (token-mean; `policy_mask`) or of its rows with policy tokens (seq-mean-*), so
+    that the accumulated gradient is the gradient of the whole minibatch's policy loss."""
+    mask = policy_mask(micro, hp)  # (A, b, T)
     if hp.loss_agg == "token-mean":
         counts = mask.sum(axis=(1, 2))
     else:
@@ -548,9 +562,11 @@ class RLLearner:
             return full
         return min(bucket(max(int(lengths[idx].max()), 1), self.length_buckets), full)
 
-    def _micro_batches(self, arrays: dict, idx: np.ndarray, accum: int, length: int) -> dict:
+    def _micro_batches(self, arrays: dict, idx: np.ndarray, accum: int, length: int,
+                       real: int | None = None) -> dict:
         """Rows `idx`, cut to `length` columns, as [accum, len(idx) // accum, ...], split
-        over the mesh's batch axes."""
+        over the mesh's batch axes; with `real`, rows after the first `real` get an all-zero
+        action mask (they fill a short minibatch and add nothing to its losses)."""
         b = len(idx) // accum
         full = arrays["input_ids"].shape[1]
 
@@ -561,6 +577,9 @@ class RLLearner:
             return v.reshape((accum, b) + v.shape[1:])
 
         micro = {k: rows(v) for k, v in arrays.items()}
+        if real is not None and real < len(idx):
+            keep = (np.arange(len(idx)) < real).reshape(accum, b, 1)
+            micro["action_mask"] = micro["action_mask"] * jnp.asarray(keep, jnp.float32)
         if self.mesh is None or b % (self.mesh.shape["data"] * self.mesh.shape["fsdp"]):
             return micro
         spec = jax.sharding.PartitionSpec(None, sharding.BATCH_AXES)
@@ -579,7 +598,7 @@ class RLLearner:
         kl_coef = jnp.float32(self.kl.value)
         rows = arrays["input_ids"].shape[0]  # global: every process's rows
         mb_size = min(self.minibatch_size, rows)
-        num_mb = max(rows // mb_size, 1)
+        num_mb = -(-rows // mb_size)  # the last minibatch is topped up, masked out (below)
         accum = self.grad_accum if mb_size % self.grad_accum == 0 else 1
         prepare_rows = self.prepare_rows or mb_size // accum
         extras, prep_metrics = self._prepare(state, arrays, kl_coef, prepare_rows)
@@ -591,8 +610,12 @@ class RLLearner:
             order = np.asarray(jax.random.permutation(jax.random.fold_in(key, epoch), rows))
             for i in range(num_mb):
                 idx = order[i * mb_size : (i + 1) * mb_size]
-                length = self._minibatch_length(lengths, idx, full)
-                micro = self._micro_batches(arrays, idx, accum, length)
+                real = len(idx)
+                # Every row is used every epoch: a short last minibatch is topped up to the
+                # compiled size with rows from the epoch's start, whose tokens are masked out.
+                idx = np.concatenate([idx, order[: mb_size - real]])
+                length = self._minibatch_length(lengths, idx[:real], full)
+                micro = self._micro_batches(arrays, idx, accum, length, real)
                 state, m = self._train_step(state, micro, kl_coef, policy_coef)
                 step_metrics.append(m)
         metrics = jax.device_get({**prep_metrics, **_mean_metrics(step_metrics)})
@@ -606,8 +629,15 @@ class RLLearner:
 
 
 def _mean_metrics(metrics: list[dict]) -> dict:
+    """The update's metrics: each step's averaged over its steps, except `losses/skipped`
+    (summed) and the approximate KL of the policy from the rollout policy. The first step
+    measures it before any change (exactly 0), so `losses/approx_kl` is the mean over the
+    later steps, and `losses/approx_kl_end` the last step's: the movement of the update."""
     out = {k: jnp.mean(jnp.stack([m[k] for m in metrics])) for k in metrics[0]}
     out["losses/skipped"] = jnp.sum(jnp.stack([m["losses/skipped"] for m in metrics]))
+    kl = jnp.stack([m["losses/approx_kl"] for m in metrics])
+    out["losses/approx_kl"] = jnp.mean(kl[1:]) if len(metrics) > 1 else kl[0]
+    out["losses/approx_kl_end"] = kl[-1]
     return out
 
 
@@ -617,9 +647,8 @@ def make_learner(
     """Builds the RLLearner and optimizer the config asks for (state on `mesh` if given)."""
     check_groups(cfg)  # RLOO / GRPO need rollout.group_size >= 2
     hp = RLHyper.from_config(cfg)
-    steps_per_update = cfg.rl.ppo_epochs * max(
-        episodes_per_update // min(cfg.rl.minibatch_size, episodes_per_update), 1
-    )
+    steps_per_update = cfg.rl.ppo_epochs * -(
+        -episodes_per_update // min(cfg.rl.minibatch_size, episodes_per_update))
 
     def schedule(lr):
         return optim.lr_schedule(

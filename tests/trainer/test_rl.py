@@ -8,7 +8,7 @@ import pytest
 
 from jaxrl_agents.trainer.kl_control import KLController
 from jaxrl_agents.trainer.rl import RLHyper, RLLearner
-from tests.trainer.helpers import random_batch, tiny_actor_critic
+from tests.trainer.helpers import VOCAB, random_batch, tiny_actor_critic
 
 
 def _learner(estimator, critic="head", **kw):
@@ -315,9 +315,9 @@ def test_cutting_minibatches_to_their_own_length_changes_nothing():
         learner = RLLearner(ac, hp, optax.sgd(0.02), ppo_epochs=2, minibatch_size=2,
                             length_buckets=buckets)
 
-        def recording(arrays, idx, accum, length, cut=learner._micro_batches):
+        def recording(arrays, idx, accum, length, real=None, cut=learner._micro_batches):
             cut_lengths.append(length)
-            return cut(arrays, idx, accum, length)
+            return cut(arrays, idx, accum, length, real)
 
         learner._micro_batches = recording
         state, metrics = learner.update(learner.init_state(ac), batch, jax.random.key(0))
@@ -392,3 +392,92 @@ def test_learner_log_probs_are_those_of_the_tempered_policy(temperature, chunk):
     mask = batch.action_mask[:, 1:]
     np.testing.assert_allclose(np.asarray(extras["ref_logprobs"])[:, 1:] * mask,
                                expected * mask, atol=1e-5)
+
+
+def _with_forced_tokens(batch, seed=0):
+    """`batch` with constrained-decoding lists: about half its action tokens forced (one
+    allowed id: the token itself), the rest decisions between the token and another id."""
+    import dataclasses
+
+    rng = np.random.default_rng(seed)
+    ids = batch.input_ids
+    allowed = np.full(ids.shape + (2,), -1, np.int32)
+    act = batch.action_mask > 0
+    allowed[..., 0] = np.where(act, ids, -1)
+    decide = act & (rng.random(ids.shape) < 0.5)
+    allowed[..., 1] = np.where(decide, (ids + 1) % VOCAB, -1)
+    # the sampler's log-prob of a forced token is 0; of a two-way decision, about log 1/2
+    old = np.where(decide, np.log(0.5), 0.0).astype(np.float32) * act
+    return dataclasses.replace(batch, allowed=allowed, old_logprobs=old), decide
+
+
+def test_decision_mask_leaves_out_forced_tokens_only():
+    from jaxrl_agents import kernels
+
+    batch, decide = _with_forced_tokens(random_batch(3))
+    mask = np.asarray(kernels.decision_mask(jnp.asarray(batch.action_mask),
+                                            jnp.asarray(batch.allowed)))
+    np.testing.assert_array_equal(mask, decide.astype(np.float32))
+    free = np.asarray(kernels.decision_mask(jnp.asarray(batch.action_mask)))
+    np.testing.assert_array_equal(free, batch.action_mask)
+
+
+def test_forced_tokens_only_dilute_the_policy_gradient_when_counted():
+    """One SGD step of the policy loss alone (no critic loss, entropy or KL; advantages not
+    whitened): counting every action token gives the step over decisions scaled by
+    decisions / actions, since a forced token's log-prob is 0 under every policy."""
+    import dataclasses
+
+    from jaxrl_agents.trainer.kl_control import KLController
+
+    batch, decide = _with_forced_tokens(random_batch(4))
+    steps = {}
+    for tokens in ("decisions", "actions"):
+        ac = tiny_actor_critic()
+        hp = RLHyper(estimator="gae", value_coef=0.0, normalize_advantages=False,
+                     loss_tokens=tokens)
+        learner = RLLearner(ac, hp, optax.sgd(1.0), ppo_epochs=1,
+                            minibatch_size=batch.shape[0], kl=KLController("fixed", 0.0))
+        state = learner.init_state(ac)
+        # the value head gets no gradient (value_coef 0): every leaf moves by the policy's step
+        before = [np.asarray(x) for x in jax.tree.leaves(state.params)]  # (the step donates)
+        new, metrics = learner.update(state, batch, jax.random.key(0))
+        steps[tokens] = [np.asarray(a) - b for a, b in zip(jax.tree.leaves(new.params), before)]
+        assert metrics["charts/decision_share"] == pytest.approx(
+            decide.sum() / batch.action_mask.sum(), rel=1e-5)
+    share = decide.sum() / batch.action_mask.sum()
+    assert 0.2 < share < 0.8
+    for d, a in zip(steps["decisions"], steps["actions"]):
+        np.testing.assert_allclose(a, d * share, rtol=2e-3, atol=1e-7)
+    assert max(float(np.abs(d).max()) for d in steps["decisions"]) > 1e-4
+
+
+def test_update_reports_the_kl_of_the_steps_that_can_move():
+    from jaxrl_agents.trainer.rl import _mean_metrics
+
+    steps = [{"losses/approx_kl": jnp.float32(k), "losses/skipped": jnp.float32(0)}
+             for k in (0.0, 0.1, 0.3)]
+    out = _mean_metrics(steps)
+    assert float(out["losses/approx_kl"]) == pytest.approx(0.2)
+    assert float(out["losses/approx_kl_end"]) == pytest.approx(0.3)
+
+
+def test_every_row_is_used_every_epoch_when_the_minibatch_does_not_divide_the_batch():
+    """8 rows in minibatches of 3: three steps an epoch, the last topped up with rows whose
+    action mask is zeroed, so each row enters the losses exactly once an epoch."""
+    ac, batch = tiny_actor_critic(), random_batch(5)
+    learner = RLLearner(ac, RLHyper(estimator="gae"), optax.sgd(0.01), ppo_epochs=2,
+                        minibatch_size=3)
+    seen = []
+
+    def recording(arrays, idx, accum, length, real=None, cut=learner._micro_batches):
+        micro = cut(arrays, idx, accum, length, real)
+        counted = np.asarray(micro["action_mask"]).reshape(len(idx), -1).sum(axis=1) > 0
+        seen.append(idx[counted[:len(idx)]])
+        return micro
+
+    learner._micro_batches = recording
+    _, metrics = learner.update(learner.init_state(ac), batch, jax.random.key(0))
+    assert len(seen) == 6 and np.isfinite(metrics["losses/total"])
+    for epoch in (seen[:3], seen[3:]):
+        np.testing.assert_array_equal(np.sort(np.concatenate(epoch)), np.arange(8))
