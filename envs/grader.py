@@ -241,9 +241,11 @@ class Canaries:
 
 
 def make_canaries(files: dict[str, str], tests: list[str], cases: dict | None) -> Canaries | None:
-    """Canaries for the first test file holding a task test. With `cases`, the must-fail
-    canary is a real call of the task, written like the file's own tests, asserting a
-    random string: a function that reads its caller's expected value makes it pass."""
+    """Canaries for the first test file holding a task test. The must-fail canary makes a
+    real call and asserts a random string, written like the file's own tests: with `cases`
+    from a case, else as a copy of one of the file's tests with one expected value
+    replaced (`mutant_test`). A blanket "everything passes" patch, or a function that
+    reads its caller's expected value, makes it pass."""
     path = next((t.split("::")[0] for t in tests if t.split("::")[0] in files), None)
     if path is None or not path.endswith(".py"):
         return None
@@ -253,20 +255,63 @@ def make_canaries(files: dict[str, str], tests: list[str], cases: dict | None) -
     sentinel = secrets.token_hex(6)
     case = next((cases[t] for t in tests if cases and t.startswith(path + "::")
                  and "returns" in cases[t]), None)
-    if case is None:
-        must_fail = fresh(secrets.token_hex(3))
-        fail_body = f"    assert {sentinel!r} == {secrets.token_hex(6)!r}"
-    else:
+    if case is not None:
         must_fail = fresh(case["call"])
         args = ", ".join(repr(a) for a in ast.literal_eval(case["args"]))
         call = f"{case['module']}.{case['call']}({args})"
-        fail_body = (f"    check({call}, {sentinel!r})" if "\ndef check(" in text else
-                     f"    import {case['module']}\n    assert {call} == {sentinel!r}")
+        fail_source = (f"def {must_fail}():\n    check({call}, {sentinel!r})\n"
+                       if "\ndef check(" in text else
+                       f"def {must_fail}():\n    import {case['module']}\n"
+                       f"    assert {call} == {sentinel!r}\n")
+    else:
+        must_fail = fresh(secrets.token_hex(3))
+        fail_source = mutant_test(text, must_fail, sentinel) or (
+            f"def {must_fail}():\n    assert {sentinel!r} == {secrets.token_hex(6)!r}\n")
     must_pass = fresh(secrets.token_hex(3))
     token = secrets.token_hex(4)
-    source = (f"\n\ndef {must_fail}():\n{fail_body}\n\n\n"
-              f"def {must_pass}():\n    assert {token!r} == {token!r}\n")
+    source = f"\n\n{fail_source}\n\ndef {must_pass}():\n    assert {token!r} == {token!r}\n"
     return Canaries(path, must_fail, must_pass, source)
+
+
+def mutant_test(text: str, name: str, sentinel: str) -> str | None:
+    """A copy of the first plain test function of `text` (top level, no decorators, no
+    arguments) named `name`, whose first `assert X == <literal>` or `helper(X, <literal>)`
+    statement (directly in its body) expects `sentinel` instead; None if there is none."""
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return None
+    for fn in tree.body:
+        if not (isinstance(fn, ast.FunctionDef) and fn.name.startswith("test")
+                and not fn.decorator_list and not fn.args.args):
+            continue
+        for stmt in fn.body:
+            target = _expected_literal(stmt)
+            if target is not None:
+                target[0][target[1]] = ast.Constant(sentinel)
+                fn.name = name
+                return ast.unparse(fn) + "\n"
+    return None
+
+
+def _expected_literal(stmt) -> tuple[list, int] | None:
+    """(the list holding the expected literal of `stmt`, its index), if it has one."""
+    if (isinstance(stmt, ast.Assert) and isinstance(stmt.test, ast.Compare)
+            and len(stmt.test.ops) == 1 and isinstance(stmt.test.ops[0], ast.Eq)
+            and _is_literal(stmt.test.comparators[0])):
+        return stmt.test.comparators, 0
+    if (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)
+            and len(stmt.value.args) == 2 and _is_literal(stmt.value.args[1])):
+        return stmt.value.args, 1
+    return None
+
+
+def _is_literal(node) -> bool:
+    try:
+        ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, RecursionError):
+        return False
+    return True
 
 
 def canary_problems(records: PytestRecords, canaries: Canaries, returncode) -> list[str]:

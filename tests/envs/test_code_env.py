@@ -39,7 +39,7 @@ def test_gold_actions_win(family):
         result = play(env, env.task.gold_actions)
         assert result.done and result.won and result.reward == 1.0, (env.task.name,
                                                                       result.observation)
-        assert all(result.info["tests"].values())
+        assert all(result.info["tests"].values()) and not result.info["tampered"]
         env.close()
 
 
