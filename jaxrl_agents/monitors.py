@@ -14,7 +14,9 @@ and the spread of returns collapses (every episode the same) or explodes. The mo
 
 `invalid_action_share` (no threshold) is reported with every update and evaluation: the
 share of actions the env refused, which free-text decoding makes and constrained decoding
-does not.
+does not. `tampered_episodes` (no threshold) counts the episodes of a batch whose grading
+run the coding env's grader flagged as tampered with (envs/grader.py; they earn 0): a
+policy that learns to attack the grader shows up here before anywhere else.
 
 `Monitor.check` turns them into metrics ("monitor/*") and warning lines. `novelty_bonus`
 is the optional counter-measure: a small reward for an action new to its episode.
@@ -91,6 +93,13 @@ def invalid_action_share(trajectories: Sequence[Trajectory]) -> float:
     games, a command not among the admissible ones); NaN when there was no action."""
     verdicts = [bool(v) for t in trajectories for v in t.info.get("invalid", [])]
     return float(np.mean(verdicts)) if verdicts else float("nan")
+
+
+def tampered_episodes(trajectories: Sequence[Trajectory]) -> int:
+    """How many episodes had a turn the env flagged `info["tampered"]` (kept per turn in
+    `Trajectory.info["turn_info"]`, see rewards.TURN_INFO_KEYS)."""
+    return sum(any(turn.get("tampered") for turn in t.info.get("turn_info", []))
+               for t in trajectories)
 
 
 def return_variance(trajectories: Sequence[Trajectory]) -> float:

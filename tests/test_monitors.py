@@ -55,6 +55,15 @@ def test_admissible_coverage_per_group():
     assert math.isnan(monitors.admissible_coverage([episode(["x"])]))
 
 
+def test_tampered_episodes_counts_flagged_episodes():
+    trajs = [episode(["edit", "submit"]) for _ in range(4)]
+    trajs[0].info["turn_info"] = [{}, {"pass_share": 0.0, "tampered": True}]
+    trajs[1].info["turn_info"] = [{}, {"pass_share": 1.0, "tampered": False}]
+    trajs[2].info["turn_info"] = [{"tampered": True}, {"tampered": True}]
+    assert monitors.tampered_episodes(trajs) == 2
+    assert monitors.tampered_episodes([]) == 0
+
+
 def test_return_variance():
     trajs = [episode(["a"], returns=r) for r in (0.0, 2.0, 4.0)]
     assert monitors.return_variance(trajs) == pytest.approx(np.var([0, 2, 4]))

@@ -359,6 +359,7 @@ class Trainer:
                 "charts/success": setup.success_rate(trajs),
                 "charts/action_coverage": setup.action_coverage(trajs),
                 "charts/invalid_action_share": monitors.invalid_action_share(trajs),
+                "charts/tampered_episodes": monitors.tampered_episodes(trajs),
                 "perf/tokens_per_s": float(tokens) / (rollout_s + update_s),
                 "perf/rollout_s": rollout_s,
                 "perf/update_s": update_s,

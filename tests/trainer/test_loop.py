@@ -78,6 +78,7 @@ def test_run_writes_its_outputs_and_sft_loss_falls(tmp_path):
         "kl/ref_kl",
         "losses/entropy",
         "charts/action_coverage",
+        "charts/tampered_episodes",
         "perf/tokens_per_s",
     ):
         assert key in rl[-1], key
