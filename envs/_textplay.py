@@ -102,6 +102,9 @@ class RewardShaper:
         rewards of an episode sum to its final progress).
     every_k: dense rewards accumulated and paid every `k` steps and at the episode's end.
     Every step then pays `-step_penalty`, and an invalid action `-invalid_penalty` more.
+    Progress lost by undoing a step is charged (a negative delta, never clipped), so the
+    progress rewards of an episode telescope to its final progress: a step undone and
+    redone is paid once, however often it is cycled (tests: test_undone_and_redone_*).
     """
 
     def __init__(self, density: str = "sparse", k: int = 1, step_penalty: float = 0.0,

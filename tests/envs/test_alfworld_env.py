@@ -13,6 +13,7 @@ pytest.importorskip("alfworld")
 import envs  # noqa: E402
 from envs import alfworld_env as af  # noqa: E402
 from envs import alfworld_gen as gen  # noqa: E402
+from jaxrl_agents import rewards as R  # noqa: E402
 
 SIZES = [(3, 2), (5, 4), (8, 6), (12, 8)]  # (objects, receptacles)
 TRAIN = [{"task_type": t, "objects": o, "receptacles": r, "seed": i}
@@ -50,6 +51,44 @@ def test_gold_actions_win_every_generated_task(af_cache):
         assert [r.reward for r in results] == [0.0] * (len(results) - 1) + [1.0]
         assert all(not r.info["invalid"] for r in results)
         env.close()
+
+
+def undoing(action: str, admissible: list[str]) -> str | None:
+    """An admissible command that undoes `action` (put back what was taken, close what was
+    opened)."""
+    verb, _, rest = action.partition(" ")
+    obj, _, holder = rest.partition(" from ")
+    candidates = {"take": [f"move {obj} to {holder}"], "open": [f"close {rest}"]}.get(verb, [])
+    return next((c for c in candidates if c in admissible), None)
+
+
+def test_undone_and_redone_steps_are_paid_once(af_cache):
+    """Putting back what was taken and taking it again (twice, after every undoable gold
+    step) earns no more than the gold actions alone, in the env's reward and in the
+    trainer's reward components (TEXT_MIX), for every task type."""
+    undone = 0
+    for spec in TRAIN[::len(SIZES)]:  # one problem of each task type
+        env = make(af_cache, max_steps=200, **spec)
+        env.reset()
+        once = [env.step(a) for a in env.task.gold_actions]
+        env.reset()
+        cyclic = []
+        for action in env.task.gold_actions:
+            cyclic.append(env.step(action))
+            undo = None if cyclic[-1].done else undoing(
+                action, cyclic[-1].info["admissible_commands"])
+            undone += undo is not None
+            for command in [undo, action] * 2 if undo else []:
+                cyclic.append(env.step(command))
+                assert not cyclic[-1].info["invalid"] and not cyclic[-1].done, command
+        assert once[-1].won and cyclic[-1].won, spec
+        total = sum(r.reward for r in cyclic)
+        assert total <= sum(r.reward for r in once) and total == 1.0
+        parts = R.reward_components([r.reward for r in cyclic], [r.info for r in cyclic])
+        mixed = R.mixed_turn_rewards(parts, R.TEXT_MIX)
+        assert parts["progress"].sum() == 1.0 and mixed.sum() == pytest.approx(1.0)
+        env.close()
+    assert undone >= len(gen.TASK_TYPES)  # every problem offered a step to undo
 
 
 def test_handcoded_expert_gold(tmp_path):

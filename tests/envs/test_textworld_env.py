@@ -13,6 +13,7 @@ pytest.importorskip("textworld")
 import envs  # noqa: E402
 from envs import _textplay  # noqa: E402
 from envs import textworld_env as tw  # noqa: E402
+from jaxrl_agents import rewards as R  # noqa: E402
 
 # 20 small train games across complexities (rooms, objects, quest length), and eval games
 # with the same indices as some of them.
@@ -138,6 +139,64 @@ def test_dense_and_every_k_rewards_pay_progress(tw_cache):
     assert rewards_k[2] == pytest.approx(sum(rewards[:3]))
     dense.close()
     every.close()
+
+
+OPPOSITE = {"north": "south", "south": "north", "east": "west", "west": "east"}
+
+
+def undoing(action: str, admissible: list[str]) -> str | None:
+    """An admissible command that undoes `action` (go back, close, put back, ...)."""
+    words = action.split()
+    obj, _, holder = action.partition(" ")[2].partition(" from ")
+    candidates = {
+        "go": [f"go {OPPOSITE.get(words[-1], '')}"],
+        "open": [f"close {action[5:]}"],
+        "close": [f"open {action[6:]}"],
+        "take": [f"insert {obj} into {holder}", f"put {obj} on {holder}", f"drop {obj}"],
+        "unlock": [action.replace("unlock", "lock", 1)],
+    }.get(words[0], [])
+    return next((c for c in candidates if c in admissible), None)
+
+
+def play_with_cycles(env, gold: list[str], cycles: int = 2):
+    """Plays `gold`, undoing and redoing each undoable step `cycles` times right after
+    it. Returns the results and how many steps were undone."""
+    env.reset()
+    results, undone = [], 0
+    for action in gold:
+        results.append(env.step(action))
+        undo = None if results[-1].done else undoing(action,
+                                                     results[-1].info["admissible_commands"])
+        if undo is not None:
+            undone += 1
+            for command in [undo, action] * cycles:
+                results.append(env.step(command))
+                assert not results[-1].info["invalid"] and not results[-1].done, command
+    return results, undone
+
+
+@pytest.mark.parametrize("density", ["dense", "every_k", "sparse"])
+def test_undone_and_redone_progress_is_paid_once(tw_cache, density):
+    """Undoing a step and redoing it (twice, after every undoable step of the quest)
+    earns nothing more than playing the quest once: in the env's shaped reward and in the
+    trainer's progress component (TEXT_MIX)."""
+    undone_total = 0
+    for spec in TRAIN[-4:]:  # quests of 4 steps
+        env = make(tw_cache, reward_density=density, reward_k=3, max_steps=200, **spec)
+        env.reset()
+        once = play(env, env.task.gold_actions)
+        cyclic, undone = play_with_cycles(env, env.task.gold_actions)
+        undone_total += undone
+        assert once[-1].won and cyclic[-1].won and cyclic[-1].done
+        total = sum(r.reward for r in cyclic)
+        assert total <= sum(r.reward for r in once) + 1e-9
+        assert total == pytest.approx(1.0)
+        if density == "dense" and undone:  # undos were charged what their redos paid
+            assert sum(r.reward for r in cyclic if r.reward < 0) < 0
+        parts = R.reward_components([r.reward for r in cyclic], [r.info for r in cyclic])
+        assert parts["progress"].sum() == pytest.approx(1.0)
+        env.close()
+    assert undone_total >= 4  # the games did offer steps to undo
 
 
 def test_step_penalty_and_step_budget(tw_cache):
