@@ -4,6 +4,8 @@
 
 - resource limits: CPU seconds, address space (RLIMIT_AS), file size, open files,
   process count, no core dumps;
+- a cap on the resident memory of all the run's processes together
+  (`Limits.sandbox_memory_bytes`), summed by the parent every 50 ms (`_watch`);
 - a wall-clock timeout that kills the whole process group (and, in the "full" mode,
   the whole PID namespace);
 - an environment holding only PATH, HOME, TMPDIR, LANG and a few PYTHON* switches, so
@@ -11,11 +13,13 @@
 - and, depending on what the machine allows (probed once per process, see
   `isolation_mode()`):
   * "full" (running as root): new mount, network, PID, IPC and UTS namespaces; every
-    mount is remounted read-only except the sandbox directory; directories the
-    interpreter lives in that other users cannot enter (e.g. /root/.pyenv) are exposed
-    read-only on a tmpfs that hides the rest of them; then the process drops to an
-    unprivileged uid/gid (no capabilities, `no_new_privs`). The network namespace has
-    only a down loopback, so every connect fails with "Network is unreachable".
+    mount is remounted read-only except the sandbox directory; this project's checkout
+    (its grader, the reference fixes of the generated tasks), /home, /root and the
+    directories other users cannot enter on the way to the interpreter are hidden under
+    empty tmpfs mounts, with only the interpreter's own directories (the venv, the
+    Python install) shown again, read-only; then the process drops to an unprivileged
+    uid/gid (no capabilities, `no_new_privs`). The network namespace has only a down
+    loopback, so every connect fails with "Network is unreachable".
   * "uid" (root, but namespaces are refused, e.g. a locked-down container): only the drop
     to the unprivileged uid, so writes succeed only where any user may write (/tmp,
     /var/tmp) and the process limit holds; the network is NOT isolated (warning logged).
@@ -32,10 +36,22 @@ PID 1 of the new PID namespace, killed with the launcher through PR_SET_PDEATHSI
 kernel kills whatever CMD forked when it ends). After each run every remaining process
 of the sandbox's uid (leased by one Sandbox alone, see _UidLease) is killed.
 
-Known limits: memory is capped per process (RLIMIT_AS), not per sandbox (at most
-`processes` x `memory_bytes`); files outside the sandbox stay readable where their
-permissions allow it (only the writes are blocked); grading code that runs inside the
-same pytest process as the model's code trusts that process's report.
+Known limits: the per-sandbox memory cap is a poll, not a kernel limit: between two
+checks each process can grow to its RLIMIT_AS (so a run can briefly hold up to
+`processes` x `memory_bytes`); host files outside the hidden directories (/etc, /usr,
+/opt, other data directories) stay readable where their permissions allow it (only the
+writes are blocked). Grading does not trust the tested process's report: envs/grader.py.
+
+Why our own namespace code rather than bubblewrap or cgroups (2026-12): bubblewrap would
+do what the "full" mode does (read-only binds, private /tmp, namespaces, uid drop) and
+could start from an empty root, but it is a system package the machines do not have
+(`which bwrap` finds nothing here; it installs with apt-get where apt is allowed), and the
+mode's allow-what-is-needed part, hiding directories and showing the interpreter's again,
+takes ~30 lines here. cgroups would cap memory in the kernel, but only in a cgroup
+subtree delegated to us; on these machines the only writable hierarchy is the host's
+own cgroup-v1 tree (its process manager puts every command in a cgroup of it), which
+this project must not manage, hence the polled cap. Where a delegated
+cgroup-v2 subtree exists, a `memory.max` per run is the better cap.
 
 Set JAXRL_SANDBOX_MODE to one of the three names to force a weaker mode (tests, debugging).
 """
@@ -81,10 +97,12 @@ _SETUP_PREFIX = "sandbox setup failed: "
 
 @dataclasses.dataclass(frozen=True)
 class Limits:
-    """Per-run resource limits (each process gets them; processes counts the whole uid)."""
+    """Per-run resource limits (each process gets them; processes counts the whole uid;
+    sandbox_memory_bytes caps the resident memory of all the run's processes together)."""
 
     cpu_seconds: int = 20
     memory_bytes: int = 768 << 20
+    sandbox_memory_bytes: int = 1536 << 20
     file_size_bytes: int = 16 << 20
     open_files: int = 256
     processes: int = 32
@@ -185,15 +203,46 @@ def _hidden_ancestor(path: str) -> str | None:
     return None
 
 
-def _interpreter_exposures() -> dict[str, list[str]]:
-    """{hidden ancestor: [paths below it the sandboxed interpreter needs]}."""
-    needed = {os.path.realpath(p) for p in (sys.base_prefix, sys.prefix,
-                                            os.path.dirname(os.path.realpath(sys.executable)))}
-    out: dict[str, list[str]] = {}
-    for path in sorted(needed):
-        top = _hidden_ancestor(path)
-        if top is not None and not any(path.startswith(p + "/") for p in out.get(top, [])):
-            out.setdefault(top, []).append(path)
+def _interpreter_paths() -> set[str]:
+    """The directories the sandboxed interpreter (and the tools in its venv) live in."""
+    return {os.path.realpath(p) for p in (sys.base_prefix, sys.prefix,
+                                          os.path.dirname(os.path.realpath(sys.executable)))}
+
+
+def _hidden_tops() -> set[str]:
+    """Host directories the sandbox never shows: this project's checkout (its grader and
+    the reference fixes of the generated tasks live there) and the users' homes. The
+    interpreter's own directories below them are shown again (see `_exposures`)."""
+    checkout = Path(__file__).resolve().parents[1]
+    tops = {"/home", "/root"}
+    if (checkout / "envs" / "sandbox.py").is_file():
+        tops.add(str(checkout))
+    return {t for t in tops if os.path.isdir(t)}
+
+
+def _is_within(path: str, top: str) -> bool:
+    return path == top or path.startswith(top.rstrip("/") + "/")
+
+
+def _exposures(root: str) -> dict[str, list[list]]:
+    """{directory to hide under an empty tmpfs: [[path below it to show again, writable]]}.
+
+    Hidden: the directories other users cannot enter on the way to the interpreter (the
+    unprivileged uid could not use them otherwise) and `_hidden_tops()`. A top that holds
+    the interpreter itself, or lies below another top, is not hidden. Shown again: the
+    interpreter's directories, read-only, and the sandbox root `root`, writable.
+    """
+    needed = _interpreter_paths()
+    tops = {_hidden_ancestor(p) for p in needed} - {None} | _hidden_tops()
+    tops = {t for t in tops if not any(_is_within(t, p) for p in needed)}
+    tops = {t for t in tops if not any(t != o and _is_within(t, o) for o in tops)}
+    out: dict[str, list[list]] = {}
+    for top in sorted(tops):
+        shown = sorted(p for p in needed if _is_within(p, top) and p != top)
+        shown = [p for p in shown if not any(p != q and _is_within(p, q) for q in shown)]
+        out[top] = [[p, False] for p in shown]
+        if _is_within(root, top):
+            out[top].append([root, True])
     return out
 
 
@@ -211,7 +260,7 @@ def _confine(mode: str, root: str, limits: Limits, uid: int, exposures: dict) ->
                 except OSError:
                     pass  # e.g. a mount that is already read-only with locked flags
         for top, paths in exposures.items():
-            _expose_read_only(libc, top, paths)
+            _hide_except(libc, top, paths)
         os.chdir(root)  # the old cwd points below the read-only mount
     elif mode == "userns":
         libc.unshare(CLONE_NEWUSER | CLONE_NEWNET)
@@ -223,14 +272,16 @@ def _confine(mode: str, root: str, limits: Limits, uid: int, exposures: dict) ->
         libc.no_new_privs()
 
 
-def _expose_read_only(libc: _Libc, top: str, paths: list[str]) -> None:
-    """Hides `top` under an empty tmpfs, then binds `paths` (below it) back, read-only."""
-    fds = [os.open(p, os.O_PATH) for p in paths]
+def _hide_except(libc: _Libc, top: str, paths: list[list]) -> None:
+    """Hides `top` under an empty read-only tmpfs, then binds `paths` ([path, writable]
+    pairs below it) back, read-only unless writable."""
+    fds = [os.open(p, os.O_PATH) for p, _ in paths]
     libc.mount("tmpfs", top, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=64k")
-    for path, fd in zip(paths, fds):
+    for (path, writable), fd in zip(paths, fds):
         os.makedirs(path, exist_ok=True)
         libc.mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
-        libc.mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY)
+        if not writable:
+            libc.mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY)
         os.close(fd)
     libc.mount(None, top, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
 
@@ -307,7 +358,7 @@ def _read_bounded(path: str, limit: int) -> str:
 
 def _execute(argv: list[str], root: str, limits: Limits, mode: str, wall_seconds: float,
              uid: int) -> RunResult:
-    exposures = _interpreter_exposures() if mode == "full" else {}
+    exposures = _exposures(root) if mode == "full" else {}
     config = {"mode": mode, "root": root, "limits": dataclasses.asdict(limits), "uid": uid,
               "exposures": exposures}
     argv = [sys.executable, "-I", "-S", os.path.abspath(__file__), json.dumps(config), *argv]
@@ -326,23 +377,64 @@ def _execute(argv: list[str], root: str, limits: Limits, mode: str, wall_seconds
                 )
             except (OSError, subprocess.SubprocessError) as exc:
                 return RunResult(None, "", "", False, mode, error=f"could not start: {exc}")
-            timed_out = False
-            try:
-                proc.wait(timeout=wall_seconds)
-            except subprocess.TimeoutExpired:
-                timed_out = True
+            stopped = _watch(proc, wall_seconds, limits.sandbox_memory_bytes,
+                             uid if mode in DROPS_UID else None)
             _kill_group(proc.pid)
-            if timed_out:
-                proc.wait()
+            proc.wait()
             if mode in DROPS_UID:
                 _reap_uid(uid)
         stdout = _read_bounded(out_path, limits.output_chars)
         stderr = _read_bounded(err_path, limits.output_chars)
-    error = ""
+    error = stopped if stopped.startswith("memory") else ""
     if proc.returncode == SETUP_FAILED and stderr.startswith(_SETUP_PREFIX):
         error = stderr.strip()
+    timed_out = stopped == "timeout"
     return RunResult(None if timed_out else proc.returncode, stdout, stderr, timed_out, mode,
                      error=error)
+
+
+WATCH_SECONDS = 0.05  # how often the resident memory of a run is summed
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _watch(proc: subprocess.Popen, wall_seconds: float, memory_cap: int,
+           uid: int | None) -> str:
+    """Waits for the run: "" when it ended, "timeout" at the wall clock, or a "memory ..."
+    message when its processes together held more than `memory_cap` bytes (checked every
+    WATCH_SECONDS; between two checks each process can grow up to its RLIMIT_AS)."""
+    deadline = time.monotonic() + wall_seconds
+    while True:
+        try:
+            proc.wait(timeout=max(0.0, min(WATCH_SECONDS, deadline - time.monotonic())))
+            return ""
+        except subprocess.TimeoutExpired:
+            pass
+        if time.monotonic() >= deadline:
+            return "timeout"
+        held = _resident_bytes(uid, proc.pid)
+        if held > memory_cap:
+            return (f"memory cap: the sandbox's processes held {held >> 20} MiB, more than "
+                    f"its {memory_cap >> 20} MiB (Limits.sandbox_memory_bytes)")
+
+
+def _resident_bytes(uid: int | None, session: int) -> int:
+    """Resident memory of the processes of `uid` (the modes that drop to a leased uid), or
+    else of the session `session` (a process that starts its own session escapes this)."""
+    total = 0
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            if uid is not None and os.stat(f"/proc/{name}").st_uid != uid:
+                continue
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()  # fields[k] is field k + 3
+            if uid is None and int(fields[3]) != session:
+                continue
+            total += int(fields[21]) * _PAGE
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
 
 
 def _kill_group(pgid: int) -> None:

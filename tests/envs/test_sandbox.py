@@ -3,6 +3,7 @@
 import os
 import socket
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -62,6 +63,24 @@ def test_writes_outside_are_blocked(box, tmp_path):
     assert res.stdout.count("blocked") == len(targets)
     for target in targets:
         assert not os.path.exists(target)
+
+
+@needs_full
+def test_the_checkout_and_homes_are_hidden_but_the_interpreter_works(box):
+    """The project's files (its grader, the generated tasks' reference fixes) and the
+    users' homes are not visible; the interpreter and its venv's packages still are."""
+    secret = REPO_ROOT / "envs" / "code_tasks" / "libraries.py"
+    code = (
+        "import os\n"
+        f"for p in [{str(secret)!r}, {str(REPO_ROOT / 'envs')!r}, '/home/x', '/root/.ssh']:\n"
+        "    print('SEEN' if os.path.exists(p) else 'hidden', p)\n"
+        "import pytest\n"
+        "print('imported', pytest.__name__)\n"
+    )
+    res, _ = run_py(box, code)
+    assert res.returncode == 0, res
+    assert "SEEN" not in res.stdout and res.stdout.count("hidden") == 4
+    assert "imported pytest" in res.stdout
 
 
 def test_host_environment_does_not_leak(box, monkeypatch):
@@ -132,6 +151,28 @@ def test_memory_bomb_fails_safely(box):
     res, _ = run_py(box, "x = bytearray(8 << 30)\nprint('allocated')")
     assert res.returncode != 0 and "allocated" not in res.stdout
     assert "MemoryError" in res.stderr
+
+
+def test_memory_is_capped_per_sandbox_as_well_as_per_process():
+    """Four processes of 200 MiB each stay under the per-process cap (512 MiB) but not
+    under the sandbox's (400 MiB): the run is stopped early with a clear error."""
+    sb = Sandbox(Limits(memory_bytes=512 << 20, sandbox_memory_bytes=400 << 20,
+                        wall_seconds=30))
+    code = ("import os, time\n"
+            "for _ in range(3):\n"
+            "    if os.fork() == 0:\n"
+            "        break\n"
+            "block = b'x' * (200 << 20)\n"
+            "time.sleep(30)\n")
+    try:
+        start = time.monotonic()
+        res, _ = run_py(sb, code)
+        assert not res.timed_out and time.monotonic() - start < 20, res
+        assert res.error.startswith("memory cap") and "400 MiB" in res.error, res
+        after, _ = run_py(sb, "print('still works')")
+        assert after.stdout.strip() == "still works"
+    finally:
+        sb.close()
 
 
 def test_file_size_bomb_is_cut(box):
