@@ -94,6 +94,26 @@ def _overrides_from_json(run_dir: str) -> list[str]:
     return list(walk("", stored))
 
 
+def _print_comparison(cfg, args, result: dict) -> int:
+    """jaxrl-eval --compare STAGE: this evaluation minus STAGE of the run's eval.json, game
+    by game (`seed_stats.paired_games`); 2 when the stage or its games are not there."""
+    from jaxrl_agents import seed_stats
+    from jaxrl_agents.logging import EVAL_FILE
+    from jaxrl_agents.trainer.loop import run_dir_of
+
+    path = os.path.join(run_dir_of(cfg), EVAL_FILE)
+    with open(path) as f:
+        other = json.load(f).get(args.compare) or {}
+    pair = seed_stats.paired_games(other.get("per_game") or {}, result.get("per_game") or {})
+    if pair is None:
+        found = "no per-game outcomes" if other else "no such stage"
+        print(f"jaxrl-eval: --compare {args.compare}: {path} has {found} for it on these "
+              "games", file=sys.stderr)
+        return 2
+    print(seed_stats.format_paired_games(pair, args.compare, "this evaluation"))
+    return 0
+
+
 def eval_main(argv=None) -> int:
     def extra(p):
         p.add_argument("--run", metavar="DIR", help="a run directory made by jaxrl-train")
@@ -105,6 +125,9 @@ def eval_main(argv=None) -> int:
                        help="with --temperature: play each held-out game this many times "
                             "(the interval is then over games)")
         p.add_argument("--seed", type=int, default=0, help="with --temperature: sampling seed")
+        p.add_argument("--compare", metavar="STAGE", default=None,
+                       help="also compare with STAGE of the run's eval.json (e.g. sft, base), "
+                            "game by game on the games both played, with McNemar's test")
         p.add_argument("--base", action="store_true",
                        help="play the pretrained weights (model.hf_path), not a checkpoint "
                             "(the default when the run has none)")
@@ -148,6 +171,8 @@ def eval_main(argv=None) -> int:
         + (f"; invalid actions: {result['invalid_action_share']:.3f}"
            if result.get("invalid_action_share") is not None else "")
     )
+    if args.compare:
+        return _print_comparison(cfg, args, result)
     return 0
 
 
@@ -221,6 +246,8 @@ def sweep_main(argv=None) -> int:
     path = sweep_lib.write_summary(summary, root)
     print(sweep_lib.format_table(summary))
     print(sweep_lib.format_seed_table(summary["over_seeds"]))
+    for line in sweep_lib.paired_game_lines(summary):
+        print(line)
     print(f"sweep summary: {path}")
     plot = sweep_lib.plot_summary(summary, os.path.join(os.path.dirname(path), sweep_lib.PLOT_FILE))
     if plot:

@@ -70,3 +70,49 @@ def paired_difference(a: Mapping[int, float], b: Mapping[int, float],
         return None
     diffs = {seed: a[seed] - b[seed] for seed in common}
     return {**t_interval(diffs.values(), confidence, bounds=(-1.0, 1.0)), "per_seed": diffs}
+
+
+def mcnemar_exact(only_a: int, only_b: int) -> float:
+    """Two-sided exact McNemar p-value: the chance, if either policy were as likely as the
+    other to win a game they disagree on, of a split of the `only_a + only_b` discordant
+    games at least as uneven as the one seen (a binomial test at 1/2). 1.0 with none."""
+    n = only_a + only_b
+    if n == 0:
+        return 1.0
+    k = min(only_a, only_b)
+    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2.0 ** n
+    return min(1.0, 2.0 * tail)
+
+
+def paired_games(a: Mapping[str, float], b: Mapping[str, float]) -> dict | None:
+    """Two evaluations compared on the games both played ({game id: success}, e.g. the
+    "per_game" of two eval.json stages): "games" in common, "mean_a", "mean_b",
+    "difference" (b - a). With one 0/1 outcome per game also "only_a" / "only_b" (games
+    only that one won) and McNemar's exact "p"; with success rates (several samples per
+    game) a t interval over the games' differences instead. None when no game is shared."""
+    common = sorted(set(a) & set(b))
+    if not common:
+        return None
+    x = np.array([a[g] for g in common], np.float64)
+    y = np.array([b[g] for g in common], np.float64)
+    out = {"games": len(common), "mean_a": float(x.mean()), "mean_b": float(y.mean()),
+           "difference": float((y - x).mean())}
+    if np.isin(x, (0.0, 1.0)).all() and np.isin(y, (0.0, 1.0)).all():
+        only_a, only_b = int(((x == 1) & (y == 0)).sum()), int(((x == 0) & (y == 1)).sum())
+        out.update(only_a=only_a, only_b=only_b, p=mcnemar_exact(only_a, only_b))
+    else:
+        t = t_interval(y - x, bounds=(-1.0, 1.0))
+        out.update(ci_low=t["ci_low"], ci_high=t["ci_high"], p=None)
+    return out
+
+
+def format_paired_games(result: Mapping, name_a: str, name_b: str) -> str:
+    """One line: "<b> - <a> on the same N games: +0.050 (won only <b>: 9, only <a>: 4;
+    McNemar p = 0.267)"."""
+    head = f"{name_b} - {name_a} on the same {result['games']} games: {result['difference']:+.3f}"
+    if result.get("only_a") is not None:
+        return (f"{head} (won only {name_b}: {result['only_b']}, only {name_a}: "
+                f"{result['only_a']}; McNemar p = {result['p']:.3g})")
+    if result.get("ci_low") is None:
+        return head
+    return f"{head} (95% t over games {result['ci_low']:+.3f} to {result['ci_high']:+.3f})"

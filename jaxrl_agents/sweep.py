@@ -357,10 +357,23 @@ def run_scores(path: str) -> dict:
     found = {stage: evals.get(stage) or summary.get(stage) or {} for stage in STAGES}
     found.update({k: v for k, v in evals.items() if k.startswith(("sft:", "rl:"))})
     return {
-        stage: {k: result.get(k) for k in ("mean", "ci_low", "ci_high", "n")}
+        stage: {k: result.get(k) for k in ("mean", "ci_low", "ci_high", "n", "per_game")
+                if k != "per_game" or result.get(k)}
         for stage, result in found.items()
         if result.get("mean") is not None
     }
+
+
+def paired_game_lines(summary: Mapping) -> list[str]:
+    """Per run whose eval.json kept each game's outcome: RL minus SFT on the games both
+    played, with McNemar's exact test (`seed_stats.paired_games`)."""
+    lines = []
+    for row in summary["runs"]:
+        sft, rl = row.get("sft") or {}, row.get("rl") or {}
+        pair = seed_stats.paired_games(sft.get("per_game") or {}, rl.get("per_game") or {})
+        if pair:
+            lines.append(f"{row['name']}: {seed_stats.format_paired_games(pair, 'sft', 'rl')}")
+    return lines
 
 
 def summarize(sweep: Sweep, results: Sequence[dict]) -> dict:

@@ -106,3 +106,56 @@ def test_the_chart_adds_a_panel_over_seeds_when_an_arm_has_two(tmp_path):
         widths[label] = Image.open(path).size[0]
     assert widths["two seeds"] > widths["plain"] + 300  # the panel of the two arms
     assert widths["one seed"] < widths["plain"]  # one seed an arm: no second panel
+
+
+@pytest.mark.parametrize("only_a,only_b", [(0, 0), (3, 0), (9, 4), (4, 9), (2, 15), (30, 31)])
+def test_mcnemar_exact_is_scipys_two_sided_binomial_test_at_one_half(only_a, only_b):
+    from scipy import stats
+
+    from jaxrl_agents.seed_stats import mcnemar_exact
+
+    expected = 1.0 if only_a + only_b == 0 else stats.binomtest(
+        only_a, only_a + only_b, 0.5).pvalue
+    assert mcnemar_exact(only_a, only_b) == pytest.approx(expected, rel=1e-12)
+
+
+def test_paired_games_counts_the_games_each_stage_alone_won():
+    from jaxrl_agents.seed_stats import format_paired_games, paired_games
+
+    # 10 games both played (g9, g10 are one-sided and left out): 2 won by both, 1 only
+    # before, 5 only after
+    before = {f"g{i}": float(i in (0, 1, 2)) for i in range(10)} | {"g10": 1.0}
+    after = {f"g{i}": float(i in (0, 1, 3, 4, 5, 6, 7)) for i in range(10)} | {"g11": 0.0}
+    pair = paired_games(before, after)
+    assert pair["games"] == 10 and pair["only_a"] == 1 and pair["only_b"] == 5
+    assert pair["difference"] == pytest.approx(0.4)
+    assert pair["p"] == pytest.approx(0.21875)  # 2 * P(Bin(6, 1/2) <= 1) = 2 * 7/64
+    line = format_paired_games(pair, "sft", "rl")
+    assert "rl - sft on the same 10 games: +0.400" in line and "p = 0.219" in line
+    assert paired_games({"a": 1.0}, {"b": 1.0}) is None
+    rates = paired_games({"a": 0.5, "b": 0.25, "c": 0.0}, {"a": 0.75, "b": 0.5, "c": 0.5})
+    assert rates["p"] is None and rates["ci_low"] is not None
+    assert rates["difference"] == pytest.approx(1.0 / 3.0)
+
+
+def test_run_summary_and_jaxrl_eval_compare_stages_game_by_game(tmp_path, capsys):
+    import json
+    import types
+
+    from jaxrl_agents.cli import _print_comparison
+    from jaxrl_agents.trainer.loop import format_summary
+
+    sft = {"mean": 0.25, "ci_low": 0.1, "ci_high": 0.5, "n": 4,
+           "per_game": {"0": 1.0, "1": 0.0, "2": 0.0, "3": 0.0}}
+    rl = {**sft, "mean": 0.75, "per_game": {"0": 1.0, "1": 1.0, "2": 1.0, "3": 0.0}}
+    text = format_summary({"sft": sft, "rl": rl, "run_dir": "r"})
+    assert "rl - sft on the same 4 games: +0.500 (won only rl: 2, only sft: 0; McNemar p = 0.5)" \
+        in text
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "eval.json").write_text(json.dumps({"sft": sft}))
+    cfg = types.SimpleNamespace(output_dir=str(tmp_path), name="run")
+    assert _print_comparison(cfg, types.SimpleNamespace(compare="sft"), rl) == 0
+    assert "this evaluation - sft on the same 4 games: +0.500" in capsys.readouterr().out
+    assert _print_comparison(cfg, types.SimpleNamespace(compare="base"), rl) == 2
+    assert "no such stage" in capsys.readouterr().err

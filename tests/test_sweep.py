@@ -421,9 +421,12 @@ def test_local_sweep_runs_reports_and_skips_or_resumes_on_restart(tmp_path, caps
         assert rows[name]["status"] == "done" and rows[name]["exit_code"] == 0
         for stage in ("sft", "rl"):
             assert rows[name][stage] == {
-                k: evals[stage][k] for k in ("mean", "ci_low", "ci_high", "n")
+                k: evals[stage][k] for k in ("mean", "ci_low", "ci_high", "n", "per_game")
             }
-            assert rows[name][stage]["n"] == 4
+            assert rows[name][stage]["n"] == 4 and len(rows[name][stage]["per_game"]) == 4
+        # each run's RL and SFT compared on the same games, with McNemar's test
+        assert any(line.startswith(f"{name}: rl - sft on the same 4 games:")
+                   and "McNemar p = " in line for line in first.out.splitlines())
     table = first.out.splitlines()
     header = next(i for i, line in enumerate(table) if line.startswith("run "))
     assert "success after SFT (95% CI)" in table[header]

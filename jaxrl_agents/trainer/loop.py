@@ -14,6 +14,7 @@ import dataclasses
 import json
 import os
 import time
+from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
@@ -21,7 +22,7 @@ import numpy as np
 from flax import nnx
 
 from envs.action_space import ActionStaging
-from jaxrl_agents import compile_cache, distributed, monitors, reward_model
+from jaxrl_agents import compile_cache, distributed, monitors, reward_model, seed_stats
 from jaxrl_agents import rewards as reward_lib
 from jaxrl_agents.checkpoint import Checkpointer
 from jaxrl_agents.data.selection import filter_groups
@@ -451,8 +452,14 @@ def held_out_result(trajectories) -> dict:
     the env refused as invalid (`monitors.invalid_action_share`) of some evaluation
     episodes: a Wilson interval when each game was played once, else one over games
     (the env each episode ran in)."""
-    result = clustered_success_ci([t.won for t in trajectories],
-                                  [t.info.get("env_id", i) for i, t in enumerate(trajectories)])
+    games = [t.info.get("env_id", i) for i, t in enumerate(trajectories)]
+    result = clustered_success_ci([t.won for t in trajectories], games)
+    # Each game's outcome (its success rate when sampled several times), so that two
+    # evaluations on the same games can be compared game by game (`seed_stats.paired_games`).
+    per_game: dict = {}
+    for game, t in zip(games, trajectories):
+        per_game.setdefault(str(game), []).append(float(t.won))
+    result["per_game"] = {game: float(np.mean(won)) for game, won in per_game.items()}
     result["return_mean"] = float(np.mean([t.episode_return for t in trajectories]))
     result["failed"] = int(sum(t.failed for t in trajectories))
     result["invalid_action_share"] = monitors.invalid_action_share(trajectories)
@@ -523,12 +530,30 @@ def format_summary(summary: dict) -> str:
                 f"held-out success {when}: {r['mean']:.3f} "
                 f"(95% CI {r['ci_low']:.3f}-{r['ci_high']:.3f}, {r['n']} games)"
             )
+    lines += paired_lines(summary)
     run_dir = summary.get("run_dir", "")
     lines.append(
         f"logs: {run_dir}/metrics.jsonl, TensorBoard in {run_dir}, "
         f"eval: {run_dir}/eval.json, plots: {run_dir}/plots/"
     )
     return "\n".join(lines)
+
+
+# Pairs of stages compared game by game at the end of a run: (earlier, later).
+PAIRED_STAGES = (("sft", "rl"), ("base", "rl"), ("base", "sft"))
+
+
+def paired_lines(evals: Mapping) -> list[str]:
+    """For each of PAIRED_STAGES that `evals` (a summary, or eval.json) holds with its
+    games' outcomes: the later stage minus the earlier on the games both played, with
+    McNemar's exact test (`seed_stats.paired_games`)."""
+    lines = []
+    for first, second in PAIRED_STAGES:
+        a, b = (evals.get(stage) or {} for stage in (first, second))
+        pair = seed_stats.paired_games(a.get("per_game") or {}, b.get("per_game") or {})
+        if pair:
+            lines.append(seed_stats.format_paired_games(pair, first, second))
+    return lines
 
 
 def write_summary(summary: dict) -> None:
