@@ -430,7 +430,8 @@ class Grader:
 
     def grade(self, sandbox, files: dict[str, str]) -> Grade:
         """The verdict that decides the reward (see the module docstring)."""
-        canaries = make_canaries(self._laid_over(files), self.tests, self.cases)
+        canaries = None if _deselects(self.argv) else make_canaries(
+            self._laid_over(files), self.tests, self.cases)
         oracle = self._oracle(sandbox, files) if self.cases else None
         result, records, reasons = self._pytest(sandbox, files, canaries)
         passed = {t: records.passed(t) for t in self.tests}
@@ -472,6 +473,9 @@ class Grader:
         run_files[f"{module}.py"] = _PLUGIN_SOURCE.read_text(encoding="utf-8")
         run_files[f"{module}.json"] = json.dumps(setup)
         argv = [*self.argv[:3], "-p", module, "--continue-on-collection-errors", *self.argv[3:]]
+        if canaries is not None and any("::" in a for a in self.argv[3:]):  # node ids given
+            argv += [f"{canaries.path}::{name}" for name in (canaries.must_fail,
+                                                             canaries.must_pass)]
         workdir = sandbox.fresh_dir(run_files, name="grade")
         try:
             result = sandbox.run(argv, cwd=workdir)
@@ -520,6 +524,13 @@ class Grader:
             shown = hide_canaries(failure_text(result), hidden)
             report += "\n--- pytest output ---\n" + shown[:room]
         return report
+
+
+def _deselects(argv: list[str]) -> bool:
+    """Whether the test command selects tests by keyword or marker (`-k`, `-m`), which
+    could leave the canaries out: such instances are graded without canaries."""
+    return any(a in ("-k", "-m") or (a[:2] in ("-k", "-m") and not a.startswith("--"))
+               for a in argv[3:])
 
 
 def failure_text(result) -> str:
