@@ -485,9 +485,9 @@ class Grader:
             shutil.rmtree(workdir, ignore_errors=True)
         if not records.ended and result.returncode == 0:
             reasons.append("pytest exited 0 before the grader's end record")
-        if records.ended and result.returncode not in (None, records.exitstatus):
-            reasons.append(f"pytest's exit status {result.returncode} is not the one it "
-                           f"reported ({records.exitstatus})")
+        if records.ended and result.returncode == 0 != records.exitstatus:
+            reasons.append(f"pytest exited 0, not with the status it recorded "
+                           f"({records.exitstatus})")
         return result, records, reasons
 
     def _oracle(self, sandbox, files) -> OracleRun:
