@@ -10,6 +10,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.name = "run"  # run name: outputs go to <output_dir>/<name>/
     c.output_dir = "runs"  # parent folder of run directories
     c.seed = 0  # master seed: model init, sampling, env seeds, data order
+    # stop at start when the planned peak (jaxrl-plan) is over 1.1x the memory of a device
+    # (CPU: the host's available memory); False starts anyway (jaxrl_agents/preflight.py)
+    c.memory_check = True
 
     # --- model: the policy (Qwen2 / Llama family decoder) -----------------------------
     c.model = ml_collections.ConfigDict()
@@ -72,6 +75,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.rollout.max_context = 1024  # an episode whose context would pass this is truncated
     c.rollout.stop_strings = ("\n",)  # an action ends at any of these
     c.rollout.constrain_actions = False  # sample actions only among the env's offered commands
+    # greedy play (evaluation, temperature 0) under constrained decoding: "command" plays the
+    # offered command of highest total log-probability, "token" the argmax token at each step
+    c.rollout.greedy_by = "command"
     c.rollout.choice_width = 64  # constrained decoding: a step with more candidate ids is free
     c.rollout.length_buckets = (128, 256, 512, 1024)  # padded lengths compiled for
     c.rollout.num_env_workers = 2  # EnvPool worker processes

@@ -32,6 +32,7 @@ CHOICES: dict[str, tuple] = {
     "algo.estimator": ("gae", "turn_gae", "bilevel_gae", "rloo", "grpo", "reinforce_pp"),
     "algo.loss_agg": ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean"),
     "algo.loss_tokens": ("decisions", "actions"),
+    "rollout.greedy_by": ("command", "token"),
     "kl.kind": ("k1", "k2", "k3"),
     "kl.where": ("reward", "loss"),
     "kl.controller": ("fixed", "adaptive", "warmup"),

@@ -48,3 +48,30 @@ def allowed_array(traj: Trajectory, length: int, width: int) -> np.ndarray:
         for t, ids in enumerate(allowed_ids(choices[turn], traj.tokens[start:end], width)):
             out[start + t, :len(ids)] = ids
     return out
+
+
+def command_tree(commands: Sequence[Sequence[int]]) -> tuple[list[int], list[int], list[int]]:
+    """The offered commands as a token tree (a trie), for scoring them all in one pass.
+
+    Returns (tokens, parents, leaves): node i is the prefix that ends with token
+    `tokens[i]`, its parent the node of the prefix one token shorter (`parents[i]`; -1
+    for a first token), nodes in an order where every parent comes before its children;
+    `leaves[c]` is the node of command c's last token (-1 for an empty command). Commands
+    sharing a prefix share its nodes, so a node's children are exactly the ids constrained
+    decoding allows after that prefix.
+    """
+    tokens: list[int] = []
+    parents: list[int] = []
+    index: dict[tuple[int, ...], int] = {}
+    leaves = []
+    for command in commands:
+        node = -1
+        for depth in range(len(command)):
+            prefix = tuple(command[:depth + 1])
+            if prefix not in index:
+                index[prefix] = len(tokens)
+                tokens.append(int(command[depth]))
+                parents.append(node)
+            node = index[prefix]
+        leaves.append(node)
+    return tokens, parents, leaves

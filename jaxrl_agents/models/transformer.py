@@ -242,19 +242,19 @@ class Block(nnx.Module):
         q, k, v = self.attn.qkv(self.input_norm(x_btd), cos_bth, sin_bth)
         return self._finish(x_btd, causal_attend(q, k, v, mask_btt))
 
-    def cached(self, x_btd, cos_bth, sin_bth, mask_bts, keys_bkhs, values_bksh, cache_index,
-               prefixes: bool):
+    def cached(self, x_btd, cos_bth, sin_bth, old_mask_bts, new_mask_btt, keys_bkhs,
+               values_bksh, cache_index, prefixes: bool):
         """One layer over T new tokens against this layer's cache, which it only reads.
 
         keys [B, K, H, S], values [B, K, S, H]: the cache, holding the earlier tokens at
-        slots < cache_index; the new tokens (slots [cache_index, cache_index + T)) attend to
-        their own keys and values directly (`cached_attention`), so the caller writes them
-        into the cache once for all layers after the last one. Returns (x [B, T, D], the new
+        slots < cache_index; the new tokens attend to their own keys and values directly
+        (`cached_attention`, masks as there), so the caller writes them into the cache once
+        for all layers after the last one (or not at all). Returns (x [B, T, D], the new
         tokens' (keys, values) [B, T, K, H]).
         """
         q, k, v = self.attn.qkv(self.input_norm(x_btd), cos_bth, sin_bth)
-        attn = cached_attention(q, k, v, keys_bkhs, values_bksh, mask_bts, cache_index,
-                                prefixes)
+        attn = cached_attention(q, k, v, keys_bkhs, values_bksh, old_mask_bts, new_mask_btt,
+                                cache_index, prefixes)
         return self._finish(x_btd, attn), (k, v)
 
     def _finish(self, x_btd, attn_btnh):
@@ -322,23 +322,24 @@ def prefix_sizes(slots: int) -> list[int]:
     return sizes[::-1]
 
 
-def cached_attention(q_btnh, k_btkh, v_btkh, keys_bkhs, values_bksh, mask_bts, cache_index,
-                     prefixes: bool = True):
+def cached_attention(q_btnh, k_btkh, v_btkh, keys_bkhs, values_bksh, old_mask_bts,
+                     new_mask_btt, cache_index, prefixes: bool = True):
     """Grouped-query attention of T new tokens over one layer's cache and themselves.
 
-    q [B, T, N, H]; k, v [B, T, K, H]: the new tokens', which sit at slots
-    [cache_index, cache_index + T); keys [B, K, H, S], values [B, K, S, H]: the cache as
-    it is stored, read at slots < cache_index only (the new slots may hold stale data);
-    mask_bts [B, T, S]: True where query t may see slot s. With `prefixes`, the cache is
-    read over the smallest of `prefix_sizes(S)` that holds cache_index slots (one compiled
-    branch per size, chosen by `lax.switch`), so a call early in a long cache does not pay
-    for the empty rest. Scores and softmax in float32. Returns [B, T, N, H].
+    q [B, T, N, H]; k, v [B, T, K, H]: the new tokens' (they follow slot cache_index - 1);
+    keys [B, K, H, S], values [B, K, S, H]: the cache as it is stored, read at slots
+    < cache_index only (later slots may hold stale data); old_mask_bts [B, T or 1, S]:
+    True where query t may see cache slot s (slots >= cache_index are never seen);
+    new_mask_btt [B, T, T]: True where query t may see new token t' (causal for a prefill,
+    a tree's ancestors when scoring commands). With `prefixes`, the cache is read over the
+    smallest of `prefix_sizes(S)` that holds cache_index slots (one compiled branch per
+    size, chosen by `lax.switch`), so a call early in a long cache does not pay for the
+    empty rest. Scores and softmax in float32. Returns [B, T, N, H].
     """
-    t, s = q_btnh.shape[1], mask_bts.shape[2]
+    s = old_mask_bts.shape[2]
     cache_index = jnp.asarray(cache_index, jnp.int32)
-    zero = jnp.zeros((), jnp.int32)
-    new_mask = jax.lax.dynamic_slice(mask_bts, (zero, zero, cache_index), (*mask_bts.shape[:2], t))
-    old_mask = mask_bts & (jnp.arange(s) < cache_index)
+    new_mask = new_mask_btt
+    old_mask = old_mask_bts & (jnp.arange(s) < cache_index)
 
     def attend_over(n):
         return lambda old_mask: _two_part_attention(
@@ -446,6 +447,13 @@ class Transformer(nnx.Module):
         w = table[...].astype(hidden_btd.dtype)
         return jnp.einsum("...d,vd->...v", hidden_btd, w, preferred_element_type=jnp.float32)
 
+    def logits_at(self, hidden_btd, ids_btk):
+        """The output projection's logits of the ids only: [B, T, D], [B, T, K] int32 ->
+        float32 [B, T, K] (`logits(hidden)` gathered at `ids`, without the [B, T, V])."""
+        table = self.embed_tokens if self.config.tie_embeddings else self.lm_head
+        w = table[...][ids_btk].astype(hidden_btd.dtype)  # (B, T, K, D)
+        return jnp.einsum("btd,btkd->btk", hidden_btd, w, preferred_element_type=jnp.float32)
+
     def init_cache(self, batch: int, slots: int, dtype=None) -> KVCache:
         """Zeroed cache: k [L, batch, K, H, slots], v [L, batch, K, slots, H] in `dtype`
         (default: the activation dtype)."""
@@ -456,7 +464,8 @@ class Transformer(nnx.Module):
         return KVCache(jnp.zeros(keys, dtype), jnp.zeros(values, dtype))
 
     def forward_with_cache(self, input_ids, positions, cache: KVCache, cache_index,
-                           cache_mask, *, prefixes: bool = True, last_only: bool = True):
+                           cache_mask, *, prefixes: bool = True, last_only: bool = True,
+                           new_mask=None, write: bool = True):
         """Prefill (T > 1) or decode (T = 1) against a KV cache.
 
         input_ids [B, T] int32, positions [B, T] (RoPE positions of the new tokens),
@@ -466,19 +475,27 @@ class Transformer(nnx.Module):
         sets the new slots of real tokens). Query t sees slot s when cache_mask[b, s] and
         s <= cache_index + t. `prefixes`: attention reads only the filled prefix of the
         cache (`cached_attention`; a decode loop that already works on a prefix passes
-        False). Returns (float32 logits, cache): logits [B, V] of the last position when
-        `last_only` (rows are left-padded, so it is every row's newest token), else
-        [B, T, V].
+        False). `new_mask` [B, T, T]: which new tokens each new token sees, instead of the
+        causal order of the real ones (e.g. a tree of commands scored at once, each token
+        seeing its ancestors); `write=False` leaves the cache as it is (the new tokens then
+        need no room in it). Returns (float32 logits, cache): logits [B, V] of the last
+        position when `last_only` (rows are left-padded, so it is every row's newest
+        token), else [B, T, V]; with `last_only=None`, the final hidden states [B, T, D].
         """
-        t, s = input_ids.shape[1], cache_mask.shape[1]
-        query_slot = cache_index + jnp.arange(t)  # (T,)
-        causal = jnp.arange(s)[None, :] <= query_slot[:, None]  # (T, S)
-        mask = causal[None] & cache_mask[:, None, :].astype(bool)  # (B, T, S)
+        b, t = input_ids.shape
+        cache_mask = cache_mask.astype(bool)
+        old_mask = cache_mask[:, None, :]  # (B, 1, S): every earlier slot that holds a token
+        if new_mask is None:
+            zero = jnp.zeros((), jnp.int32)
+            real = jax.lax.dynamic_slice(cache_mask, (zero, jnp.asarray(cache_index, jnp.int32)),
+                                         (b, t))  # (B, T)
+            new_mask = jnp.tril(jnp.ones((t, t), bool))[None] & real[:, None, :]
         x, cos, sin = self._embed(input_ids, positions)
 
         def one_layer(x, graphdef, state, keys, values):
             block = nnx.merge(graphdef, state)
-            return block.cached(x, cos, sin, mask, keys, values, cache_index, prefixes)
+            return block.cached(x, cos, sin, old_mask, new_mask, keys, values, cache_index,
+                                prefixes)
 
         # The cache is only read inside the layer loop and written once after it: a
         # buffer written and read in the same loop would be copied whole at every layer.
@@ -492,7 +509,10 @@ class Transformer(nnx.Module):
                 x, kv = one_layer(x, *nnx.split(block), cache.k[layer], cache.v[layer])
                 new.append(kv)
             k_new, v_new = (jnp.stack(parts) for parts in zip(*new))
-        cache = cache.write(cache_index, k_new, v_new)
+        if write:
+            cache = cache.write(cache_index, k_new, v_new)
+        if last_only is None:
+            return self.final_norm(x), cache
         if last_only:
             x = x[:, -1]
         return self.logits(self.final_norm(x)), cache

@@ -222,7 +222,9 @@ class EpisodeDriver:
         longer than `max_action_tokens` is not cut. The turn's commands are recorded
         in `info["choices"]` (forced actions too) so the learner recomputes
         log-probs under the same restriction. choice_width: a step with more distinct
-        candidate tokens than this is not restricted.
+        candidate tokens than this is not restricted. greedy_by: how greedy play picks a
+        constrained action: "command" (the offered command of highest total log-probability)
+        or "token" (the argmax token at each step).
     mesh: optional mesh for the sampler's cache (parameters already sharded).
     cache_buckets: KV cache lengths compiled for (the cache grows through them).
     """
@@ -233,7 +235,8 @@ class EpisodeDriver:
                  template: str = "chat", system_prompt: str = DEFAULT_SYSTEM_PROMPT,
                  group_size: int = 1, max_steps: int | None = None, overlap: bool = True,
                  mesh=None, cache_buckets: Sequence[int] = CACHE_BUCKETS,
-                 constrain_actions: bool = False, choice_width: int = DEFAULT_CHOICE_WIDTH):
+                 constrain_actions: bool = False, choice_width: int = DEFAULT_CHOICE_WIDTH,
+                 greedy_by: str = "command"):
         if max_action_tokens < 1:
             raise ValueError(f"max_action_tokens must be >= 1, got {max_action_tokens}")
         if group_size < 1:
@@ -241,8 +244,11 @@ class EpisodeDriver:
         self.model, self.tokenizer, self.pool = model, tokenizer, pool
         self.max_action_tokens = int(max_action_tokens)
         self.max_context = int(max_context)
-        self.sampling = SamplingParams(temperature=float(temperature), top_k=int(top_k),
-                                       top_p=float(top_p))
+        if greedy_by not in ("command", "token"):
+            raise ValueError(f"greedy_by must be 'command' or 'token', got {greedy_by!r}")
+        self.greedy = SamplingParams(greedy_by_command=greedy_by == "command")
+        self.sampling = dataclasses.replace(self.greedy, temperature=float(temperature),
+                                            top_k=int(top_k), top_p=float(top_p))
         self.renderer = Renderer(tokenizer, template, system_prompt, tuple(stop_strings))
         self.group_size = int(group_size)
         self.max_steps = max_steps
@@ -270,7 +276,8 @@ class EpisodeDriver:
                       template=config.tokenizer.chat_template,
                       system_prompt=config.tokenizer.system_prompt or DEFAULT_SYSTEM_PROMPT,
                       cache_buckets=tuple(r.length_buckets),
-                      constrain_actions=r.constrain_actions, choice_width=r.choice_width)
+                      constrain_actions=r.constrain_actions, choice_width=r.choice_width,
+                      greedy_by=r.greedy_by)
         kwargs.update(overrides)
         return cls(model, tokenizer, pool, **kwargs)
 
@@ -313,7 +320,7 @@ class EpisodeDriver:
         key = jax.random.key(0) if key is None else key
         if forced_actions is not None:
             self._attach_forced(episodes, forced_actions, key)
-        sampling = SamplingParams() if greedy else self.sampling
+        sampling = self.greedy if greedy else self.sampling
         if temperature is not None and not greedy:
             sampling = dataclasses.replace(sampling, temperature=float(temperature))
         forced = forced_actions is not None

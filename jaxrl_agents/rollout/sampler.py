@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxrl_agents.data.choices import command_tree
 from jaxrl_agents.data.packing import bucket
 from jaxrl_agents.models.transformer import KEY_AXES, VALUE_AXES, KVCache, prefix_sizes
 
@@ -51,6 +52,8 @@ CHOICE_BUCKETS = (16, 64, 256)
 # Tokens a call may decode, as compiled: the call's own `max_new` is a traced limit under it.
 DECODE_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048)
 DEFAULT_CHOICE_WIDTH = 64  # a step with more distinct candidate ids is not constrained
+# Nodes of a row's command tree (greedy play by command), as compiled.
+TREE_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048)
 # The most tokens one prefill writes; a longer chunk is prefilled in pieces (`extend`).
 MAX_PREFILL = 512
 _NEG_INF = -jnp.inf
@@ -72,6 +75,10 @@ class SamplingParams:
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
+    # Greedy play under constrained decoding: the offered command of highest total
+    # log-probability (`command_scores`), or, when False, the argmax token at each step
+    # (which can pick a command no more likely than others sharing its first token).
+    greedy_by_command: bool = True
 
     def __post_init__(self):
         if self.temperature < 0:
@@ -107,10 +114,12 @@ def filter_logits(logits_bv, params: SamplingParams):
     return x
 
 
-def sample_tokens(logits_bv, key, params: SamplingParams, allowed_v=None, constraint_bv=None):
+def sample_tokens(logits_bv, key, params: SamplingParams, allowed_v=None, constraint_bv=None,
+                  forced_b=None):
     """Draws one token per row, never one with `allowed_v[token]` False ([V] bool, e.g.
     the padding rows of a vocabulary larger than the tokenizer's) nor, where given, one with
-    `constraint_bv[row, token]` False ([B, V] bool: constrained decoding).
+    `constraint_bv[row, token]` False ([B, V] bool: constrained decoding). `forced_b` [B]
+    int32: where >= 0, that token instead of a drawn one (greedy play by command).
 
     Returns (tokens [B] int32, policy log-probs [B] under softmax(logits / temperature)
     over the whole vocabulary, or over the row's constraint (temperature 1 when greedy):
@@ -131,6 +140,8 @@ def sample_tokens(logits_bv, key, params: SamplingParams, allowed_v=None, constr
         tokens = jax.random.categorical(key, filtered, axis=-1).astype(jnp.int32)
         logp = jax.nn.log_softmax(filtered, axis=-1)
         sampling = jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
+    if forced_b is not None:
+        tokens = jnp.where(forced_b >= 0, forced_b, tokens)
     picked = jnp.take_along_axis(raw, tokens[:, None], axis=-1)[:, 0]
     return tokens, picked, sampling
 
@@ -153,6 +164,55 @@ def choice_constraint(choice_ids_bcl, alive_bc, step, vocab: int, width: int):
     count = allowed.sum(axis=-1)
     constrained = (count > 0) & (count <= width)
     return allowed | ~constrained[:, None], cand
+
+
+class CommandTree(NamedTuple):
+    """Each row's offered commands as one token tree (`data.choices.command_tree`), padded
+    to N nodes: `tokens` [B, N] int32, `parents` [B, N] int32 (-1: a first token, or
+    padding), `depths` [B, N] int32 (a node's prefix length; 0 on padding), `seen`
+    [B, N, N] bool (node i's ancestors and itself: what its token attends to), `leaves`
+    [B, C] int32 (the node of command c's last token, as laid out in the choice array;
+    -1: no command)."""
+
+    tokens: jax.Array
+    parents: jax.Array
+    depths: jax.Array
+    seen: jax.Array
+    leaves: jax.Array
+
+
+def command_scores(model, first_logits_bv, cache, cache_mask, slot, lengths, tree: CommandTree,
+                   width: int, full_vocab: bool):
+    """Total log-probability of every offered command under the constrained policy
+    (temperature 1): [B, C] float32, -inf where there is no command.
+
+    All commands of a row are run at once as a tree after the cache's tokens (each node
+    sees the cache and its own ancestors; the cache is not written). A token's log-prob is
+    its logit minus the log-sum-exp over its siblings (the ids constrained decoding allows
+    after its prefix), or over the whole vocabulary where the prefix has more than `width`
+    children (only computed with the static `full_vocab`). first_logits_bv [B, V]: the
+    logits after the cache's last token (for first tokens); lengths [B]: tokens per row.
+    """
+    real = tree.depths > 0  # (B, N)
+    positions = lengths[:, None] + jnp.maximum(tree.depths - 1, 0)
+    hidden, _ = model.forward_with_cache(tree.tokens, positions, cache, slot, cache_mask,
+                                         last_only=None, new_mask=tree.seen, write=False)
+    above = jnp.take_along_axis(hidden, jnp.maximum(tree.parents, 0)[..., None], axis=1)
+    edge = model.logits_at(above, tree.tokens[..., None])[..., 0]  # (B, N)
+    first = jnp.take_along_axis(first_logits_bv, tree.tokens, axis=1)
+    is_first = tree.parents < 0
+    edge = jnp.where(is_first, first, edge)
+    siblings = ((tree.parents[:, :, None] == tree.parents[:, None, :])
+                & real[:, :, None] & real[:, None, :])  # (B, N, N)
+    lse = jax.nn.logsumexp(jnp.where(siblings, edge[:, None, :], _NEG_INF), axis=-1)
+    if full_vocab:
+        whole = jnp.where(is_first, jax.nn.logsumexp(first_logits_bv, axis=-1)[:, None],
+                          jax.nn.logsumexp(model.logits(above), axis=-1))
+        lse = jnp.where(siblings.sum(axis=-1) <= width, lse, whole)
+    logp = jnp.where(real, edge - lse, 0.0)  # (B, N): each node's token given its prefix
+    path = jnp.take_along_axis(tree.seen, jnp.maximum(tree.leaves, 0)[..., None], axis=1)
+    scores = jnp.einsum("bcn,bn->bc", path.astype(jnp.float32), logp)
+    return jnp.where(tree.leaves >= 0, scores, _NEG_INF)
 
 
 # ----------------------------------------------------------------------------- state
@@ -224,11 +284,12 @@ class _Loop(NamedTuple):
     alive: jax.Array
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "width", "sampling", "choice_width"),
+@functools.partial(jax.jit, static_argnames=("graphdef", "width", "sampling", "choice_width",
+                                             "full_vocab"),
                    donate_argnames=("cache", "cache_mask"))
 def _extend(graphdef, params, cache, cache_mask, cache_index, chunk_ids, chunk_mask, lengths,
-            key, stop_table, allowed, choice_ids, max_new, *, width: int, sampling: SamplingParams,
-            choice_width: int):
+            key, stop_table, allowed, choice_ids, max_new, tree=None, *, width: int,
+            sampling: SamplingParams, choice_width: int, full_vocab: bool = False):
     """Prefill a left-padded chunk [B, P] at slots [cache_index, cache_index + P), then
     decode up to `max_new` tokens at the slots after it, all through the model's
     `forward_with_cache`.
@@ -238,7 +299,10 @@ def _extend(graphdef, params, cache, cache_mask, cache_index, chunk_ids, chunk_m
     of the token buffers, so calls with different limits share a program). Tokens with
     `allowed[token]` False are never drawn; with `choice_ids` [B, C, width] (-1 padded;
     None: no constraint, and no per-step masking work) a row only draws tokens that continue
-    one of its commands (`choice_constraint`). Every sampled token (the stopping one too)
+    one of its commands (`choice_constraint`). With a command `tree` (greedy play by
+    command), each row plays its command of highest total log-probability
+    (`command_scores`), token by token under the same constraint, so its log-probs are
+    those a sampled play of it would record. Every sampled token (the stopping one too)
     is written to the cache, so the next chunk starts right after it.
     Returns (tokens, raw logp, sampling logp [B, width], counts [B], cache, cache_mask,
     lengths [B], decode steps taken).
@@ -252,6 +316,12 @@ def _extend(graphdef, params, cache, cache_mask, cache_index, chunk_ids, chunk_m
                                              cache_mask)
     first_slot = cache_index + p  # where the first decoded token goes
     prefilled = lengths + chunk_mask.sum(axis=1, dtype=jnp.int32)  # (B,)
+    forced = None
+    if tree is not None:
+        scores = command_scores(model, logits, cache, cache_mask, first_slot, prefilled, tree,
+                                choice_width, full_vocab)
+        best = jnp.argmax(scores, axis=1)  # (B,); a row without commands gets -1s below
+        forced = jnp.take_along_axis(choice_ids, best[:, None, None], axis=1)[:, 0]  # (B, W)
 
     def due(loop: _Loop):
         return (loop.step < max_new) & ~jnp.all(loop.done)
@@ -264,7 +334,9 @@ def _extend(graphdef, params, cache, cache_mask, cache_index, chunk_ids, chunk_m
         else:
             constraint, cand = choice_constraint(choice_ids, alive, loop.step,
                                                  loop.logits.shape[-1], choice_width)
-            tok, raw, samp = sample_tokens(loop.logits, sub, sampling, allowed, constraint)
+            now = None if forced is None else jax.lax.dynamic_index_in_dim(
+                forced, loop.step, axis=1, keepdims=False)
+            tok, raw, samp = sample_tokens(loop.logits, sub, sampling, allowed, constraint, now)
             alive = alive & (cand == tok[:, None])
         live = ~loop.done
         tok = jnp.where(live, tok, 0)
@@ -495,12 +567,17 @@ class Sampler:
         width = bucket(max(int(max_new), 1), DECODE_BUCKETS)
         state = self.ensure_room(state, p + width)
         graphdef, params = nnx.split(self.model)
+        choice_ids = self._choice_array(choices, state.batch, max_new, width)
+        tree, full_vocab = None, False
+        if choice_ids is not None and max_new > 0 and sampling.greedy and sampling.greedy_by_command:
+            tree, full_vocab = self._command_tree(choices, choice_ids.shape[1], max_new,
+                                                  int(choice_width))
         toks, lp_raw, lp_samp, counts, cache, cache_mask, lengths, steps = _extend(
             graphdef, params, state.cache, state.cache_mask, jnp.int32(state.cache_index),
             self._place_rows(ids), self._place_rows(mask), self._place_rows(state.lengths),
-            key, self._stop_table, self._allowed,
-            self._choice_array(choices, state.batch, max_new, width), jnp.int32(max_new),
-            width=width, sampling=sampling, choice_width=int(choice_width))
+            key, self._stop_table, self._allowed, choice_ids, jnp.int32(max_new), tree,
+            width=width, sampling=sampling, choice_width=int(choice_width),
+            full_vocab=full_vocab)
         toks, lp_raw, lp_samp, counts, lengths, steps = jax.device_get(
             (toks, lp_raw, lp_samp, counts, lengths, steps))
         new_state = DecodeState(cache, cache_mask, state.cache_index + p + int(steps),
@@ -522,6 +599,32 @@ class Sampler:
                 ids = list(ids)[:max_new]
                 out[row, k, :len(ids)] = ids
         return self._place_rows(out)
+
+    def _command_tree(self, choices, offered: int, max_new: int, choice_width: int
+                      ) -> tuple[CommandTree, bool]:
+        """The rows' commands (cut to `max_new` tokens, as in `_choice_array`) as one padded
+        `CommandTree` with `offered` leaf columns, and whether some prefix has more than
+        `choice_width` children (a step constrained decoding leaves free)."""
+        trees = [command_tree([list(c)[:max_new] for c in (commands or ())])
+                 for commands in choices]
+        n = bucket(max(max(len(t[0]) for t in trees), 1), TREE_BUCKETS)
+        b = len(choices)
+        tokens, parents = np.zeros((b, n), np.int32), np.full((b, n), -1, np.int32)
+        depths, seen = np.zeros((b, n), np.int32), np.zeros((b, n, n), bool)
+        leaves = np.full((b, offered), -1, np.int32)
+        wide = False
+        for row, (toks, pars, ends) in enumerate(trees):
+            tokens[row, :len(toks)], parents[row, :len(pars)] = toks, pars
+            leaves[row, :len(ends)] = ends
+            for i, parent in enumerate(pars):  # parents come first: their rows are done
+                depths[row, i] = 1 + (depths[row, parent] if parent >= 0 else 0)
+                if parent >= 0:
+                    seen[row, i] = seen[row, parent]
+                seen[row, i, i] = True
+            children = np.bincount(np.asarray(pars, np.int64) + 1, minlength=1)
+            wide = wide or bool((children > choice_width).any())
+        tree = CommandTree(*(self._place_rows(x) for x in (tokens, parents, depths, seen, leaves)))
+        return tree, wide
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
                  sampling: SamplingParams = SamplingParams(), key=None) -> GenerationResult:

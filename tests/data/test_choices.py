@@ -51,3 +51,28 @@ def test_allowed_array_and_pack():
     assert "allowed" in batch.as_dict() and batch.rows([0, 1]).allowed.shape == (2, 16, 4)
     plain = pack([traj], length_buckets=(16,))
     assert plain.allowed is None and "allowed" not in plain.as_dict()
+
+
+def test_command_tree_shares_prefixes_and_lists_children_as_allowed_ids():
+    from jaxrl_agents.data.choices import allowed_ids, command_tree
+
+    commands = [[5, 7, 2], [5, 8, 2], [6, 10, 2], [5, 7, 9, 2]]
+    tokens, parents, leaves = command_tree(commands)
+    assert len(tokens) == 10  # 5, 57, 572, 58, 582, 6, 6-10, 6-10-2, 579, 5792: 13 tokens, 10 nodes
+    for c, command in enumerate(commands):  # walking up from a leaf spells the command
+        path, node = [], leaves[c]
+        while node >= 0:
+            path.append(tokens[node])
+            node = parents[node]
+        assert path[::-1] == command
+        for depth, ids in enumerate(allowed_ids(commands, command, width=64)):
+            node = -1 if depth == 0 else _node_of(tokens, parents, command[:depth])
+            assert sorted(tokens[i] for i, p in enumerate(parents) if p == node) == ids
+    assert all(p < i for i, p in enumerate(parents))
+
+
+def _node_of(tokens, parents, prefix):
+    node = -1
+    for token in prefix:
+        node = next(i for i, p in enumerate(parents) if p == node and tokens[i] == token)
+    return node

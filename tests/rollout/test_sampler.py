@@ -356,8 +356,10 @@ def test_cached_attention_reads_only_the_filled_prefix_and_matches_numpy(queries
         stale_keys, stale_values = keys.copy(), values.copy()
         stale_keys[..., index:] = 1e4
         stale_values[:, :, index:] = -1e4
-        got = np.asarray(cached_attention(q, k_new, v_new, stale_keys, stale_values, mask,
-                                          index))
+        old_mask = mask & (np.arange(s) < index)
+        new_mask = mask[:, :, index:index + queries]
+        got = np.asarray(cached_attention(q, k_new, v_new, stale_keys, stale_values, old_mask,
+                                          new_mask, index))
         want = np.zeros_like(q)
         for row in range(b):
             for t in range(queries):
@@ -424,3 +426,90 @@ def test_a_long_chunk_prefilled_in_pieces_samples_the_same(checkpoint):
     assert pieces.tokens == whole.tokens
     for got, want in zip(pieces.logprobs, whole.logprobs):
         np.testing.assert_allclose(got, want, atol=2e-5)
+
+
+def _bigram_model(table):
+    """A one-layer decoder whose next-token logits depend on the current token only:
+    logits(next | cur) = table[cur, next]. Attention and MLP outputs are zeroed, so the
+    final hidden state is the normalised one-hot embedding of the current token."""
+    from flax import nnx
+
+    from jaxrl_agents.models import ModelConfig, Transformer
+
+    v = table.shape[0]
+    cfg = ModelConfig(vocab_size=v, hidden_size=v, intermediate_size=2 * v, num_layers=1,
+                      num_heads=4, num_kv_heads=2, head_dim=8, qkv_bias=False,
+                      tie_embeddings=False)
+    model = Transformer(cfg, rngs=nnx.Rngs(0))
+    model.embed_tokens[...] = np.eye(v, dtype=np.float32)
+    layer = model.layers[0]
+    layer.attn.o_proj[...] = np.zeros_like(layer.attn.o_proj[...])
+    layer.mlp.down_proj[...] = np.zeros_like(layer.mlp.down_proj[...])
+    # rms_norm of a one-hot vector is sqrt(D) times it
+    model.lm_head[...] = (table.T / np.sqrt(v)).astype(np.float32)
+    return model
+
+
+def test_greedy_plays_the_most_likely_command_not_the_most_likely_first_token():
+    """Commands "take a", "take b", "take c" at 0.2 each and "put x" at 0.4 (first token
+    "take" 0.6 against "put" 0.4): greedy by command plays "put x", token-level greedy
+    "take a"; both record the log-probs of the constrained policy."""
+    stop, take, put, a, b, c, x = 2, 5, 6, 7, 8, 9, 10
+    table = np.zeros((32, 32))
+    table[1, take], table[1, put] = np.log(0.6), np.log(0.4)  # after the prompt's token 1
+    table[take, [a, b, c]] = 0.0  # a, b, c equally likely after "take"
+    for t in (a, b, c, x):
+        table[t, stop] = 3.0
+    table[put, x] = 3.0
+    model = _bigram_model(table)
+    commands = [[take, a, stop], [take, b, stop], [take, c, stop], [put, x, stop]]
+    sampler = Sampler(model, stop_token_ids=[stop])
+    played = {}
+    for by_command in (True, False):
+        state = sampler.new_state(1, 32)
+        _, out = sampler.extend(state, [[3, 1]], 4, SamplingParams(0.0, greedy_by_command=by_command),
+                                jax.random.key(0), [commands])
+        n = int(out.num_tokens[0])
+        played[by_command] = (list(map(int, out.tokens[0, :n])), float(out.logprobs[0, :n].sum()))
+    assert played[True][0] == [put, x, stop]
+    assert played[True][1] == pytest.approx(np.log(0.4), abs=1e-4)
+    assert played[False][0] == [take, a, stop]
+    assert played[False][1] == pytest.approx(np.log(0.2), abs=1e-4)
+
+
+def test_greedy_by_command_plays_the_argmax_of_teacher_forced_command_log_probs(checkpoint):
+    """On a real (random) checkpoint with commands sharing prefixes: each row plays the
+    command whose summed log-prob under the constrained policy, recomputed by the
+    learner's kernel from a full forward pass, is highest, and records that sum."""
+    from jaxrl_agents import kernels
+    from jaxrl_agents.data import ACTION, PROMPT, Trajectory, pack
+
+    model, *_ = checkpoint
+    stop = 1
+    rng = np.random.default_rng(0)
+    prompts = [list(rng.integers(3, 90, 5)) for _ in range(4)]
+    commands = []
+    for row in range(4):
+        heads = rng.integers(3, 90, 2)
+        commands.append([[int(heads[i % 2]), *map(int, rng.integers(3, 90, 1 + i % 3)), stop]
+                         for i in range(5)])
+    sampler = Sampler(model, stop_token_ids=[stop])
+    state = sampler.new_state(4, 64)
+    _, out = sampler.extend(state, prompts, MAX_NEW, SamplingParams(0.0), jax.random.key(0),
+                            commands)
+    for row in range(4):
+        trajs = [Trajectory(tokens=prompts[row] + cmd,
+                            token_type=[PROMPT] * len(prompts[row]) + [ACTION] * len(cmd),
+                            logprobs=[0.0] * (len(prompts[row]) + len(cmd)),
+                            rewards=[0.0] * (len(prompts[row]) + len(cmd)),
+                            turn_ends=[len(prompts[row]) + len(cmd) - 1],
+                            info={"choices": [commands[row]]}) for cmd in commands[row]]
+        batch = pack(trajs, length_buckets=(32,), choice_width=64)
+        rows = [t.tokens for t in trajs]
+        logits = np.stack([np.pad(x, ((0, 32 - len(x)), (0, 0)))
+                           for x in teacher_forced_logits(model, rows)])
+        logp, _ = kernels.next_token_logprobs_and_entropy(logits, batch.input_ids, batch.allowed)
+        totals = (np.asarray(logp) * batch.action_mask).sum(axis=1)
+        n = int(out.num_tokens[row])
+        assert list(map(int, out.tokens[row, :n])) == commands[row][int(np.argmax(totals))]
+        assert float(out.logprobs[row, :n].sum()) == pytest.approx(totals.max(), abs=1e-4)
