@@ -225,6 +225,10 @@ class EpisodeDriver:
         candidate tokens than this is not restricted. greedy_by: how greedy play picks a
         constrained action: "command" (the offered command of highest total log-probability)
         or "token" (the argmax token at each step).
+    final_observation: an episode cut short (step budget, context, the env's own budget)
+        ends its record with the observation that followed its last action, as prompt
+        tokens, when it fits the context: the learner's critic then values the state the
+        episode was cut in (`algo.bootstrap_truncated`). Off: the record ends at the action.
     mesh: optional mesh for the sampler's cache (parameters already sharded).
     cache_buckets: KV cache lengths compiled for (the cache grows through them).
     """
@@ -236,7 +240,7 @@ class EpisodeDriver:
                  group_size: int = 1, max_steps: int | None = None, overlap: bool = True,
                  mesh=None, cache_buckets: Sequence[int] = CACHE_BUCKETS,
                  constrain_actions: bool = False, choice_width: int = DEFAULT_CHOICE_WIDTH,
-                 greedy_by: str = "command"):
+                 greedy_by: str = "command", final_observation: bool = False):
         if max_action_tokens < 1:
             raise ValueError(f"max_action_tokens must be >= 1, got {max_action_tokens}")
         if group_size < 1:
@@ -255,6 +259,7 @@ class EpisodeDriver:
         self.overlap = overlap
         self.constrain_actions = bool(constrain_actions)
         self.choice_width = int(choice_width)
+        self.final_observation = bool(final_observation)
         self._command_ids: dict[str, list[int]] = {}
         stops = token_ids_containing(tokenizer, tuple(stop_strings), model.config.vocab_size)
         if tokenizer.eos_token_id is not None:
@@ -277,7 +282,7 @@ class EpisodeDriver:
                       system_prompt=config.tokenizer.system_prompt or DEFAULT_SYSTEM_PROMPT,
                       cache_buckets=tuple(r.length_buckets),
                       constrain_actions=r.constrain_actions, choice_width=r.choice_width,
-                      greedy_by=r.greedy_by)
+                      greedy_by=r.greedy_by, final_observation=config.algo.bootstrap_truncated)
         kwargs.update(overrides)
         return cls(model, tokenizer, pool, **kwargs)
 
@@ -429,11 +434,11 @@ class EpisodeDriver:
                 continue
             budget = self.max_steps if ep.max_steps is None else ep.max_steps
             if budget is not None and ep.steps >= budget:
-                ep.end("step_budget", truncated=True)
+                self._cut(ep, "step_budget")
                 continue
             choices = self._choices_of(ep) if self.constrain_actions else None
             if len(ep.record) + len(ep.pending) + self._action_room(choices) > self.max_context:
-                ep.end("context", truncated=True)
+                self._cut(ep, "context")
                 continue
             if forced and ep.forced_exhausted():
                 ep.end("forced_actions_exhausted", truncated=True)
@@ -454,6 +459,15 @@ class EpisodeDriver:
         for ep in acting:
             ep.pending = []
         return acting
+
+    def _cut(self, ep: _Episode, reason: str) -> None:
+        """Ends an episode cut short; with `final_observation`, its pending observation (the
+        state it was cut in) closes the record when it fits the context."""
+        if (self.final_observation and ep.pending and ep.record.turn_ends
+                and len(ep.record) + len(ep.pending) <= self.max_context):
+            ep.record.add_prompt(ep.pending)
+            ep.pending = []
+        ep.end(reason, truncated=True)
 
     def _action_room(self, choices) -> int:
         """Tokens an action may take: `max_action_tokens`, or more when an offered command
@@ -505,9 +519,11 @@ class EpisodeDriver:
             if result.info.get("failed"):
                 ep.error = str(result.info.get("error", ""))
                 ep.end("failed", failed=True)
+            elif result.done and bool(result.info.get("truncated", False)) and not result.won:
+                ep.pending = self.renderer.next_chunk(result.observation, ep.record.tokens[-1:])
+                self._cut(ep, "done")
             elif result.done:
-                ep.end("done", won=bool(result.won),
-                       truncated=bool(result.info.get("truncated", False)) and not result.won)
+                ep.end("done", won=bool(result.won))
             else:
                 ep.pending = self.renderer.next_chunk(result.observation,
                                                       ep.record.tokens[-1:])

@@ -154,7 +154,8 @@ def policy_mask(batch: dict, hp: RLHyper):
 
 def _forward(model, batch: dict, hp: RLHyper):
     """Aligned per-token outputs: logp, entropy, values [B, T] and the value after the
-    last real token [B] (for truncated episodes)."""
+    last real token [B] (for truncated episodes: the critic's value of the state the
+    episode was cut in when its record ends with that observation, see `prepare`)."""
     valid = batch["valid"]
     hidden, values = model.hidden_and_values(batch["input_ids"], batch["positions"], valid)
     logp, ent = _token_logprobs(model.policy, hidden, batch, hp)
@@ -262,7 +263,15 @@ def prepare(
     # An episode cut by its step budget or the context is over for the agent: by default
     # its return is what it earned (a budget is part of the task; bootstrapping would
     # credit a take/put-back loop that runs out the budget with the critic's hopes).
-    last_value = last_value * batch["truncated"] * hp.bootstrap_truncated
+    # Bootstrapped, it ends with V(the state it was cut in), read at the last token of the
+    # final observation the driver appends (`EpisodeDriver(final_observation=True)`): the
+    # position whose value the value loss trains as the start of a turn. A record that ends
+    # at an action (no room for the observation) is not bootstrapped: the value after an
+    # action's last token is never trained.
+    last = jnp.maximum(batch["valid"].sum(axis=1) - 1, 0)
+    ends_in_observation = jnp.take_along_axis(mask, last[:, None], axis=1)[:, 0] == 0
+    last_value = (last_value * batch["truncated"] * hp.bootstrap_truncated
+                  * ends_in_observation.astype(last_value.dtype))
     decisions = policy_mask(batch, hp)
     adv, ret = _advantages(hp, rewards, values, mask, last_value, batch["group_ids"], decisions)
     metrics = {

@@ -205,6 +205,24 @@ def test_step_budget_and_env_failure_are_recorded(model, tokenizer, pool):
     assert "raise_on" in failed.info["error"]
 
 
+def test_a_cut_episode_ends_with_its_final_observation_when_asked(model, tokenizer, pool):
+    """With final_observation, an episode cut by the step budget closes its record with
+    the observation after its last action (prompt tokens, as the next turn would start);
+    without, the record ends at the action."""
+    actions = [["1", "2", "3"]]
+    plain = driver(model, tokenizer, pool, max_steps=2).run([0], forced_actions=actions)[0]
+    closed = driver(model, tokenizer, pool, max_steps=2,
+                    final_observation=True).run([0], forced_actions=actions)[0]
+    assert plain.truncated and closed.truncated and closed.num_turns == plain.num_turns == 2
+    assert plain.token_type[-1] == ACTION and closed.token_type[-1] == PROMPT
+    np.testing.assert_array_equal(closed.tokens[:len(plain)], plain.tokens)
+    observations, _, _ = play_direct(TOY[0], actions[0][:2])
+    renderer = Renderer(tokenizer)
+    assert list(closed.tokens[len(plain):]) == renderer.next_chunk(observations[2],
+                                                                   list(plain.tokens[-1:]))
+    check_layout(closed, renderer)
+
+
 def test_group_ids(model, tokenizer, pool):
     d = driver(model, tokenizer, pool, group_size=2)
     trajs = d.run([4, 5], forced_actions="gold")

@@ -277,26 +277,38 @@ def test_ppo_raises_the_probability_of_a_rewarded_action():
 
 
 @pytest.mark.parametrize("bootstrap", [False, True])
-def test_a_cut_episode_is_bootstrapped_only_when_asked(bootstrap):
-    """By default an episode that ran out of steps is scored as terminal (its returns are
-    the rewards it got); with algo.bootstrap_truncated the critic's last value is added."""
+def test_a_cut_episode_is_bootstrapped_with_the_value_of_its_final_observation(bootstrap):
+    """A hand-built episode cut by its budget: prompt, action (reward 0.3), then the final
+    observation as prompt tokens. Bootstrapped, the return of its last action token is
+    0.3 + gamma * V(the final observation's last token), that value read from the critic
+    here; by default, or when the record ends at the action, the return is the reward."""
     import dataclasses
+
+    from flax import nnx
+
+    from jaxrl_agents.data import ACTION, PROMPT, Trajectory, pack
 
     learner, state = _learner("gae")
     learner.hp = dataclasses.replace(learner.hp, bootstrap_truncated=bootstrap)
     for i in range(2):  # the value head starts at 0: train it to predict something
         state, _ = learner.update(state, random_batch(6), jax.random.key(i))
-    prepare = _jitted_prepare(learner)
-    arrays = {k: jnp.asarray(v) for k, v in random_batch(6).as_dict().items()}
-    cut = {**arrays, "truncated": jnp.ones_like(arrays["truncated"])}
-    ended = {**arrays, "truncated": jnp.zeros_like(arrays["truncated"])}
-    kl = jnp.float32(0.0)
-    returns_cut = prepare(state, cut, kl, None)[0]["returns"]
-    returns_ended = prepare(state, ended, kl, None)[0]["returns"]
-    if bootstrap:
-        assert float(jnp.abs(returns_cut - returns_ended).max()) > 1e-4
-    else:
-        np.testing.assert_array_equal(returns_cut, returns_ended)
+    prompt, action, final = [3, 4, 5], [6, 7], [8, 9, 10]
+    ended_at_observation = Trajectory(prompt + action + final, [PROMPT] * 3 + [ACTION] * 2 +
+                                      [PROMPT] * 3, np.zeros(8), [0, 0, 0, 0, 0.3, 0, 0, 0],
+                                      [4], truncated=True)
+    ended_at_action = Trajectory(prompt + action, [PROMPT] * 3 + [ACTION] * 2, np.zeros(5),
+                                 [0, 0, 0, 0, 0.3], [4], truncated=True)
+    batch = pack([ended_at_observation, ended_at_action], length_buckets=(8,))
+    arrays = {k: jnp.asarray(v) for k, v in batch.as_dict().items()}
+    returns = _jitted_prepare(learner)(state, arrays, jnp.float32(0.0), None)[0]["returns"]
+    model = nnx.merge(learner.graphdef, state.params)
+    _, values = model.hidden_and_values(arrays["input_ids"], arrays["positions"],
+                                        arrays["valid"])
+    v_final = float(values[0, 7])
+    assert abs(v_final) > 1e-3
+    expected = 0.3 + learner.hp.gamma * v_final if bootstrap else 0.3
+    assert float(returns[0, 4]) == pytest.approx(expected, abs=1e-5)
+    assert float(returns[1, 4]) == pytest.approx(0.3, abs=1e-6)
 
 
 def test_cutting_minibatches_to_their_own_length_changes_nothing():
