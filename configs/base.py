@@ -10,9 +10,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.name = "run"  # run name: outputs go to <output_dir>/<name>/
     c.output_dir = "runs"  # parent folder of run directories
     c.seed = 0  # master seed: model init, sampling, env seeds, data order
-    # stop at start when the planned peak (jaxrl-plan) is over 1.1x the memory of a device
-    # (CPU: the host's available memory); False starts anyway (jaxrl_agents/preflight.py)
-    c.memory_check = True
+    # the planned peak (jaxrl-plan) against a device's memory (CPU: the host's available)
+    c.memory_check = True  # stop at start when it is over 1.1x; False: start anyway
 
     # --- model: the policy (Qwen2 / Llama family decoder) -----------------------------
     c.model = ml_collections.ConfigDict()

@@ -64,9 +64,14 @@ def train_main(argv=None) -> int:
     from jaxrl_agents import distributed
 
     distributed.maybe_initialize(cfg)  # multi-host: before any other JAX call
+    from jaxrl_agents.preflight import MemoryCheckError
     from jaxrl_agents.trainer.loop import format_summary, train, write_summary
 
-    summary = train(cfg, resume=args.resume)
+    try:
+        summary = train(cfg, resume=args.resume)
+    except MemoryCheckError as err:
+        print(f"jaxrl-train: {err}", file=sys.stderr)
+        return 2
     if distributed.is_main_process():  # multi-host: one summary.json, one report
         write_summary(summary)
         print(format_summary(summary))
@@ -154,12 +159,13 @@ def eval_main(argv=None) -> int:
     except ConfigError as err:
         print(f"jaxrl-eval: {err}", file=sys.stderr)
         return 2
+    from jaxrl_agents.preflight import MemoryCheckError
     from jaxrl_agents.trainer.loop import evaluate_checkpoint
 
     try:
         result = evaluate_checkpoint(cfg, step=args.step, temperature=args.temperature,
                                      samples=args.samples, seed=args.seed, base=args.base)
-    except FileNotFoundError as err:
+    except (FileNotFoundError, MemoryCheckError) as err:
         print(f"jaxrl-eval: {err}", file=sys.stderr)
         return 2
     how = "greedy" if args.temperature == 0 else (

@@ -363,9 +363,9 @@ def warmup_phases(cfg) -> list[tuple[str, int, int, str, int | None]]:
     return phases
 
 
-def warmup_peak(cfg, mc: ModelConfig, mesh, resident: int) -> dict[str, int]:
-    """Per-device peak of each supervised phase: what stays resident (`resident`: the
-    actor-critic's parameters), the SFT optimizer's state, the accumulated and one
+def warmup_terms(cfg, mc: ModelConfig, mesh, resident: int) -> dict[str, dict[str, int]]:
+    """Per-device terms of each supervised phase's peak: what stays resident (`resident`:
+    the actor-critic's parameters), the SFT optimizer's state, the accumulated and one
     micro-batch's gradients, and one micro-batch's activations (its rows are not split
     over devices: `SFTTrainer` feeds whole batches)."""
     from jaxrl_agents.trainer import optim
@@ -373,16 +373,28 @@ def warmup_peak(cfg, mc: ModelConfig, mesh, resident: int) -> dict[str, int]:
     adapters = lora_config(cfg)
     _, params = _abstract_policy(mc, adapters=adapters)
     params = lora.trainable(params)  # with LoRA: gradients and Adam moments of adapters only
-    fixed = resident + 2 * per_device_bytes(params, mesh)
-    peaks = {}
+    grads = per_device_bytes(params, mesh)
+    terms = {}
     for name, rows, length, target, width in warmup_phases(cfg):
         state = cfg.sft.optimizer_state if target == "actions" else "float32"
         opt_state = jax.eval_shape(optim.adam(lambda step: 0.0, state=state).init, params)
         act = _growing_residuals(
             lambda m, r, length=length, target=target, width=width: sft_residual_bytes(
                 m, r, length, target, width, adapters), mc, rows)
-        peaks[name] = fixed + per_device_bytes(opt_state, mesh) + act["saved"] + act["recompute"]
-    return peaks
+        terms[name] = {
+            "policy and critic parameters": resident,
+            "optimizer state": per_device_bytes(opt_state, mesh),
+            "gradients (micro-batch)": grads,
+            "gradients (accumulated)": grads,
+            "activations (saved for backward)": act["saved"],
+            "activations (one layer recomputed)": act["recompute"],
+        }
+    return terms
+
+
+def warmup_peak(cfg, mc: ModelConfig, mesh, resident: int) -> dict[str, int]:
+    """Per-device peak of each supervised phase: the sum of its `warmup_terms`."""
+    return {name: sum(t.values()) for name, t in warmup_terms(cfg, mc, mesh, resident).items()}
 
 
 def kv_cache_spec(
@@ -430,13 +442,17 @@ def prefill_scratch_bytes(cfg, mc: ModelConfig, mesh) -> int:
 
 @dataclasses.dataclass
 class Plan:
-    """Per-device bytes of each part (`rows`), the two phases' peaks and the sizes used."""
+    """Per-device bytes of each part (`rows`), the phases' peaks, the sizes used, and the
+    terms each phase's peak adds up (`phases`: "training step", "rollout", "evaluation" (of
+    pretrained weights: no learner state) and the supervised phases of `warmup_phases`,
+    {phase: {term: bytes}})."""
 
     rows: dict[str, int]
     train_peak: int
     rollout_peak: int
     info: dict
     warmup_peaks: dict[str, int] = dataclasses.field(default_factory=dict)
+    phases: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
 
     @property
     def peak(self) -> int:
@@ -467,8 +483,8 @@ def make_plan(cfg, mc: ModelConfig, mesh) -> Plan:
         f.name: getattr(state, f.name) for f in dataclasses.fields(state) if f.name not in counted
     }
     rows["other learner state"] = per_device_bytes(others, mesh)  # e.g. master weights
-    resident = sum(rows.values())
-    warmup = warmup_peak(cfg, mc, mesh, rows["policy parameters"] + rows["critic parameters"])
+    resident = list(rows)
+    warmup = warmup_terms(cfg, mc, mesh, rows["policy parameters"] + rows["critic parameters"])
     # The update is a scan over micro-batches: the accumulated gradients (carry) and one
     # micro-batch's gradients are both live when they are added. They are taken with
     # respect to the trainable parameters (with LoRA: adapters and value head), or their
@@ -481,14 +497,24 @@ def make_plan(cfg, mc: ModelConfig, mesh) -> Plan:
     act = activation_bytes(cfg, mc, per_device, length)
     rows["activations (saved for backward)"] = act["saved"]
     rows["activations (one layer recomputed)"] = act["recompute"]
+    training = list(rows)
     shape, dtype, kv_sharding = kv_cache_spec(cfg, mc, mesh)
     kv = 2 * _nbytes(kv_sharding.shard_shape(shape), dtype)
     rows["KV cache (rollout)"] = kv
     # `_compact` (not donated) holds the old and the new cache at once.
     rows["KV cache copy while compacting"] = kv
     rows["rollout scratch (one prefill)"] = prefill_scratch_bytes(cfg, mc, mesh)
-    train_peak = resident + 2 * grads + act["saved"] + act["recompute"]
-    rollout_peak = resident + 2 * kv + rows["rollout scratch (one prefill)"]
+    rollout = resident + list(rows)[len(training):]
+    # Playing pretrained weights (jaxrl-eval without a checkpoint) builds no learner state.
+    evaluation = ["policy parameters", "critic parameters", *rollout[len(resident):]]
+    phases = {
+        "training step": {name: rows[name] for name in training},
+        "rollout": {name: rows[name] for name in rollout},
+        "evaluation": {name: rows[name] for name in evaluation},
+        **warmup,
+    }
+    train_peak = sum(phases["training step"].values())
+    rollout_peak = sum(phases["rollout"].values())
     info = {
         "model": mc,
         "mesh": dict(mesh.shape),
@@ -507,7 +533,8 @@ def make_plan(cfg, mc: ModelConfig, mesh) -> Plan:
             "reference policy": tree_bytes(state.ref_params),
         },
     }
-    return Plan(rows, train_peak, rollout_peak, info, warmup)
+    warmup_peaks = {name: sum(terms.values()) for name, terms in warmup.items()}
+    return Plan(rows, train_peak, rollout_peak, info, warmup_peaks, phases)
 
 
 def verdict(plan: Plan, device_bytes: int, headroom: float = 0.1) -> tuple[bool, str]:

@@ -22,7 +22,7 @@ import numpy as np
 from flax import nnx
 
 from envs.action_space import ActionStaging
-from jaxrl_agents import compile_cache, distributed, monitors, reward_model, seed_stats
+from jaxrl_agents import compile_cache, distributed, monitors, preflight, reward_model, seed_stats
 from jaxrl_agents import rewards as reward_lib
 from jaxrl_agents.checkpoint import Checkpointer
 from jaxrl_agents.data.selection import filter_groups
@@ -468,7 +468,9 @@ def held_out_result(trajectories) -> dict:
 
 def train(cfg, *, resume: bool = False) -> dict:
     """A run from scratch (an earlier run's files in its directory move to previous/), or
-    with `resume` a continuation from its latest checkpoint."""
+    with `resume` a continuation from its latest checkpoint. A run whose planned memory
+    peak is clearly over the machine's stops first (`preflight.check_memory`)."""
+    preflight.check_memory(cfg)
     if not resume:
         run_dir = run_dir_of(cfg)
         moved = distributed.main_first(lambda: set_aside_previous_run(run_dir), "run_dir")
@@ -487,7 +489,9 @@ def evaluate_checkpoint(cfg, step: int | None = None, *, temperature: float = 0.
     (greedy) or "eval_T<temperature>" (sampled `samples` times per game; see
     `Trainer.evaluate`). With `base`, or when the run has no checkpoint yet, that of the
     pretrained weights (`model.hf_path`) instead, written as "base" / "base_T<temperature>".
-    Raises FileNotFoundError when there is neither a checkpoint nor pretrained weights."""
+    Raises FileNotFoundError when there is neither a checkpoint nor pretrained weights,
+    and preflight.MemoryCheckError when its planned peak is over the machine's memory."""
+    preflight.check_memory(cfg, phases=preflight.eval_phases(cfg, step, base))
     trainer = Trainer(cfg)
     try:
         base = base or (step is None and trainer.checkpointer.latest_step() is None)
