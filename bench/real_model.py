@@ -13,10 +13,15 @@ shape of SmolLM2-135M-Instruct (Llama: 30 layers, D=576, 9 query / 3 kv heads, h
 3. `--learner`: forward + backward tokens/s of a next-token loss against the torch model.
 4. `--memory`: peak resident memory of a 32-episode rollout that fills a 2048-slot cache,
    against `jaxrl-plan`'s rows for it.
+5. `--textworld`: the real weights (the `smollm2-135m-instruct` preset) playing one batch
+   of 32 held-out w2-o3-q4 games as `configs/textworld_smollm2.py` does (constrained):
+   sampled at temperature 1, greedy by command and greedy by token, each timed after a
+   first batch that compiles (wall time, tokens, tokens/s, the model's share), and the
+   process's peak resident memory.
 
-Weights: random, of the real shape (the numbers do not depend on their values).
+Weights (1-4): random, of the real shape (the numbers do not depend on their values).
 Usage: .venv/bin/python bench/real_model.py [--compile] [--decode] [--learner] [--memory]
-       [--unrolled]
+       [--textworld] [--unrolled]
 """
 
 from __future__ import annotations
@@ -247,12 +252,66 @@ def measure_learner(path: str, torch_model, repeats: int, scan: bool, rows: int 
           f"{tokens / best['torch']:.0f} tok/s, ratio {best['torch'] / best['ours']:.2f}x")
 
 
+def measure_textworld(episodes: int = 32):
+    """One batch of `episodes` held-out games per way of playing, real weights."""
+    import dataclasses
+    import resource
+
+    import configs.textworld_smollm2 as recipe
+    from jaxrl_agents.trainer.loop import Trainer
+
+    cfg = recipe.get_config()
+    with cfg.unlocked():
+        cfg.rollout.episodes_per_batch = episodes
+        cfg.env.num_eval_tasks = episodes
+        cfg.output_dir = tempfile.mkdtemp()
+    trainer = Trainer(cfg)
+    try:
+        ids = trainer.layout.eval_ids[:episodes]
+        budgets = trainer.schedule.eval_max_steps(ids)
+        driver = trainer.eval_driver
+        plays = {
+            "sampled, T = 1": lambda: driver.run(ids, jax.random.key(0), max_steps=budgets,
+                                                 temperature=1.0),
+            "greedy by command": lambda: driver.run(ids, greedy=True, max_steps=budgets),
+        }
+        by_token = dataclasses.replace(driver.greedy, greedy_by_command=False)
+
+        def greedy_by_token():
+            saved, driver.greedy = driver.greedy, by_token
+            try:
+                return driver.run(ids, greedy=True, max_steps=budgets)
+            finally:
+                driver.greedy = saved
+
+        plays["greedy by token"] = greedy_by_token
+        print(f"textworld: {episodes} held-out {cfg.env.name} games, SmolLM2-135M-Instruct, "
+              "constrained actions")
+        for name, play in plays.items():
+            play()  # compiles this way of playing's programs
+            start = time.perf_counter()
+            trajs = play()
+            wall = time.perf_counter() - start
+            tokens = sum(len(t) for t in trajs)
+            actions = sum(t.num_action_tokens for t in trajs)
+            won = sum(t.won for t in trajs)
+            stats = driver.last_stats
+            print(f"  {name:18s} {wall:7.1f} s  {tokens} tokens ({actions} action tokens), "
+                  f"{tokens / wall:6.1f} tok/s, model {stats['rollout/model_s'] / wall:.0%} "
+                  f"of wall, {sum(t.num_turns for t in trajs)} turns, won {won}/{len(trajs)}")
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        print(f"  peak resident memory of the process: {peak:.2f} GiB")
+    finally:
+        trainer.close()
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--compile", action="store_true")
     parser.add_argument("--decode", action="store_true")
     parser.add_argument("--memory", action="store_true")
     parser.add_argument("--learner", action="store_true")
+    parser.add_argument("--textworld", action="store_true")
     parser.add_argument("--context", type=int, default=2048)
     parser.add_argument("--episodes", type=int, default=32)
     parser.add_argument("--rows", type=int, default=8)
@@ -261,6 +320,10 @@ def main():
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--unrolled", action="store_true", help="scan_layers=False")
     args = parser.parse_args()
+    if args.textworld:
+        measure_textworld(args.episodes)
+        if not (args.compile or args.decode or args.learner or args.memory):
+            return
     with tempfile.TemporaryDirectory() as tmp:
         torch_model = smollm2_shape(tmp, args.layers)
         if args.compile:

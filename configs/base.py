@@ -76,7 +76,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.rollout.constrain_actions = False  # sample actions only among the env's offered commands
     # greedy play (evaluation, temperature 0) under constrained decoding: "command" plays the
     # offered command of highest total log-probability, "token" the argmax token at each step
-    c.rollout.greedy_by = "command"
+    c.rollout.greedy_by = "command"  # command | token (see above)
     c.rollout.choice_width = 64  # constrained decoding: a step with more candidate ids is free
     c.rollout.length_buckets = (128, 256, 512, 1024)  # padded lengths compiled for
     c.rollout.num_env_workers = 2  # EnvPool worker processes
@@ -99,7 +99,8 @@ def get_config() -> ml_collections.ConfigDict:
 
     # --- algo: the RL objective -------------------------------------------------------------
     c.algo = ml_collections.ConfigDict()
-    c.algo.estimator = "gae"  # gae | turn_gae | bilevel_gae | rloo | grpo | reinforce_pp
+    # gae | turn_gae | bilevel_gae | rloo | grpo | reinforce_pp
+    c.algo.estimator = "gae"  # advantage estimator: the table in jaxrl_agents/estimators.py
     c.algo.gamma = 0.99  # discount
     c.algo.lam = 0.95  # GAE lambda
     c.algo.clip_eps = 0.2  # PPO clip range
@@ -114,7 +115,7 @@ def get_config() -> ml_collections.ConfigDict:
     # tokens the policy loss, entropy, KL terms and their metrics count: "decisions" (action
     # tokens drawn from more than one allowed id; every action token when unconstrained) or
     # "actions" (every action token, forced ones too: they carry no gradient, only weight)
-    c.algo.loss_tokens = "decisions"
+    c.algo.loss_tokens = "decisions"  # decisions | actions (see above)
     c.algo.bootstrap_truncated = False  # True: an episode cut by budget/context ends with V, not 0
     c.algo.token_gamma = 1.0  # bilevel_gae: discount between tokens of one turn
     c.algo.token_lam = 1.0  # bilevel_gae: GAE lambda between tokens of one turn

@@ -19,6 +19,8 @@ from collections.abc import Sequence
 
 import ml_collections
 
+from jaxrl_agents.estimators import ESTIMATORS, GROUP_ESTIMATORS
+
 # Fields whose value must be one of a fixed set. The single place these are listed.
 CHOICES: dict[str, tuple] = {
     "model.dtype": ("float32", "bfloat16"),
@@ -29,7 +31,7 @@ CHOICES: dict[str, tuple] = {
     "env.family": ("textworld", "alfworld", "code", "toy"),
     "env.reward_density": ("sparse", "every_k", "dense"),
     "env.obs_format": ("template", "compact", "compact_goal", "raw"),
-    "algo.estimator": ("gae", "turn_gae", "bilevel_gae", "rloo", "grpo", "reinforce_pp"),
+    "algo.estimator": tuple(ESTIMATORS),
     "algo.loss_agg": ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean"),
     "algo.loss_tokens": ("decisions", "actions"),
     "rollout.greedy_by": ("command", "token"),
@@ -207,11 +209,6 @@ def check_lora(section, key: str = "model.lora") -> None:
         what = f"unknown target(s) {bad}" if bad else "a target listed twice"
         raise ConfigError(f"config key '{key}.targets' = {tuple(targets)!r} has {what}; "
                           f"allowed: {list(LORA_TARGETS)}")
-
-
-# Estimators that compare samples of one task instance (kernels.GROUP_ESTIMATORS; not
-# imported here so that loading a config never imports JAX).
-GROUP_ESTIMATORS = ("rloo", "grpo")
 
 
 def check_groups(cfg: ml_collections.ConfigDict) -> None:

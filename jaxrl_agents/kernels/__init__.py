@@ -1,9 +1,6 @@
 """Pure, jitted maths of multi-turn RL. Arrays are [B, T] unless a docstring says not."""
 
 from jaxrl_agents.kernels.advantages import (
-    ESTIMATORS,
-    GROUP_ESTIMATORS,
-    NEEDS_CRITIC,
     broadcast_to_tokens,
     episode_scores,
     grpo,
@@ -34,10 +31,7 @@ from jaxrl_agents.kernels.stats import masked_mean, masked_sum, masked_var, mask
 __all__ = [
     "allowed_logits",
     "chunked_next_token_logprobs_and_entropy",
-    "ESTIMATORS",
-    "GROUP_ESTIMATORS",
     "LOSS_TOKENS",
-    "NEEDS_CRITIC",
     "aggregate",
     "bilevel_gae",
     "broadcast_to_tokens",

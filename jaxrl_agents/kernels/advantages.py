@@ -1,4 +1,5 @@
-"""Advantage estimators without a critic, and the registry of all estimators.
+"""Advantage estimators without a critic, and every estimator's entry point for the
+learner (`*_advantages`, the signature of `jaxrl_agents.estimators`).
 
 Episode-level estimators (RLOO, GRPO) take one score per episode and the id of the task
 instance it was sampled from; samples that share a `group_id` are compared with each
@@ -97,22 +98,40 @@ def episode_scores(rewards, mask=None, gamma=1.0):
     return reverse_linear_recurrence(carry, rewards * mask)[:, 0]
 
 
-# Name -> needs a critic. The trainer picks the function by name.
-ESTIMATORS = {
-    "gae": gae,
-    "turn_gae": turn_gae,
-    "bilevel_gae": bilevel_gae,
-    "rloo": rloo,
-    "grpo": grpo,
-    "reinforce_pp": reinforce_pp,
-}
-NEEDS_CRITIC = {
-    "gae": True,
-    "turn_gae": True,
-    "bilevel_gae": True,
-    "rloo": False,
-    "grpo": False,
-    "reinforce_pp": False,
-}
-# Estimators that compare the samples of one task instance: they need rollout.group_size > 1.
-GROUP_ESTIMATORS = ("rloo", "grpo")
+# ----------------------------------------------------------------------------- entry points
+# One per row of `jaxrl_agents.estimators.ESTIMATORS`:
+# (rewards, values, mask, last_value, group_ids, hp) -> (advantages, returns), [B, T] each.
+
+
+def gae_advantages(rewards, values, mask, last_value, group_ids, hp):
+    return gae(rewards, values, mask, hp.gamma, hp.lam, last_value=last_value)
+
+
+def turn_gae_advantages(rewards, values, mask, last_value, group_ids, hp):
+    return turn_gae(rewards, values, mask, hp.gamma, hp.lam, last_value=last_value)
+
+
+def bilevel_gae_advantages(rewards, values, mask, last_value, group_ids, hp):
+    return bilevel_gae(rewards, values, mask, hp.gamma, hp.lam, last_value=last_value,
+                       token_gamma=hp.token_gamma, token_lam=hp.token_lam)
+
+
+def reinforce_pp_advantages(rewards, values, mask, last_value, group_ids, hp):
+    return reinforce_pp(rewards, mask, hp.gamma)
+
+
+def _episode_level(episode_adv_fn, rewards, mask, group_ids, hp):
+    """An episode-level estimator's advantages and scores, spread over its action tokens."""
+    scores = episode_scores(rewards, mask, hp.score_gamma)
+    adv = broadcast_to_tokens(episode_adv_fn(scores, group_ids), mask)
+    return adv, broadcast_to_tokens(scores, mask)
+
+
+def rloo_advantages(rewards, values, mask, last_value, group_ids, hp):
+    return _episode_level(rloo, rewards, mask, group_ids, hp)
+
+
+def grpo_advantages(rewards, values, mask, last_value, group_ids, hp):
+    normalize = hp.grpo_std_normalize
+    return _episode_level(lambda s, g: grpo(s, g, std_normalize=normalize), rewards, mask,
+                          group_ids, hp)

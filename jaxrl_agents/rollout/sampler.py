@@ -569,7 +569,8 @@ class Sampler:
         graphdef, params = nnx.split(self.model)
         choice_ids = self._choice_array(choices, state.batch, max_new, width)
         tree, full_vocab = None, False
-        if choice_ids is not None and max_new > 0 and sampling.greedy and sampling.greedy_by_command:
+        by_command = sampling.greedy and sampling.greedy_by_command
+        if choice_ids is not None and max_new > 0 and by_command:
             tree, full_vocab = self._command_tree(choices, choice_ids.shape[1], max_new,
                                                   int(choice_width))
         toks, lp_raw, lp_samp, counts, cache, cache_mask, lengths, steps = _extend(

@@ -26,7 +26,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from jaxrl_agents import distributed, kernels, sharding
+from jaxrl_agents import distributed, estimators, kernels, sharding
 from jaxrl_agents.config import check_groups
 from jaxrl_agents.data import Batch, bucket
 from jaxrl_agents.models import lora
@@ -64,7 +64,7 @@ class RLHyper:
 
     @property
     def uses_critic(self) -> bool:
-        return kernels.NEEDS_CRITIC[self.estimator]
+        return estimators.ESTIMATORS[self.estimator].needs_critic
 
     @classmethod
     def from_config(cls, cfg) -> RLHyper:
@@ -171,31 +171,9 @@ def _ref_logprobs(ref_graphdef, ref_params, batch, hp: RLHyper):
 
 
 def _advantages(hp: RLHyper, rewards, values, mask, last_value, group_ids, whiten_mask):
-    if hp.estimator in ("gae", "turn_gae"):
-        adv, ret = kernels.ESTIMATORS[hp.estimator](
-            rewards, values, mask, hp.gamma, hp.lam, last_value=last_value
-        )
-    elif hp.estimator == "bilevel_gae":
-        adv, ret = kernels.bilevel_gae(
-            rewards,
-            values,
-            mask,
-            hp.gamma,
-            hp.lam,
-            last_value=last_value,
-            token_gamma=hp.token_gamma,
-            token_lam=hp.token_lam,
-        )
-    elif hp.estimator == "reinforce_pp":
-        adv, ret = kernels.reinforce_pp(rewards, mask, hp.gamma)
-    else:
-        scores = kernels.episode_scores(rewards, mask, hp.score_gamma)
-        if hp.estimator == "rloo":
-            episode_adv = kernels.rloo(scores, group_ids)
-        else:
-            episode_adv = kernels.grpo(scores, group_ids, std_normalize=hp.grpo_std_normalize)
-        adv = kernels.broadcast_to_tokens(episode_adv, mask)
-        ret = kernels.broadcast_to_tokens(scores, mask)
+    """Advantages and returns [B, T] of the configured estimator (`estimators.ESTIMATORS`);
+    with a critic, whitened over `whiten_mask` (`hp.normalize_advantages`)."""
+    adv, ret = estimators.kernel(hp.estimator)(rewards, values, mask, last_value, group_ids, hp)
     if hp.normalize_advantages and hp.uses_critic:
         adv = kernels.masked_whiten(adv, whiten_mask)
     return adv, ret

@@ -467,8 +467,8 @@ def test_greedy_plays_the_most_likely_command_not_the_most_likely_first_token():
     played = {}
     for by_command in (True, False):
         state = sampler.new_state(1, 32)
-        _, out = sampler.extend(state, [[3, 1]], 4, SamplingParams(0.0, greedy_by_command=by_command),
-                                jax.random.key(0), [commands])
+        greedy = SamplingParams(0.0, greedy_by_command=by_command)
+        _, out = sampler.extend(state, [[3, 1]], 4, greedy, jax.random.key(0), [commands])
         n = int(out.num_tokens[0])
         played[by_command] = (list(map(int, out.tokens[0, :n])), float(out.logprobs[0, :n].sum()))
     assert played[True][0] == [put, x, stop]
@@ -489,7 +489,7 @@ def test_greedy_by_command_plays_the_argmax_of_teacher_forced_command_log_probs(
     rng = np.random.default_rng(0)
     prompts = [list(rng.integers(3, 90, 5)) for _ in range(4)]
     commands = []
-    for row in range(4):
+    for _ in range(4):
         heads = rng.integers(3, 90, 2)
         commands.append([[int(heads[i % 2]), *map(int, rng.integers(3, 90, 1 + i % 3)), stop]
                          for i in range(5)])

@@ -438,7 +438,6 @@ def test_forced_tokens_only_dilute_the_policy_gradient_when_counted():
     """One SGD step of the policy loss alone (no critic loss, entropy or KL; advantages not
     whitened): counting every action token gives the step over decisions scaled by
     decisions / actions, since a forced token's log-prob is 0 under every policy."""
-    import dataclasses
 
     from jaxrl_agents.trainer.kl_control import KLController
 
