@@ -4,7 +4,7 @@ parameters and the batch split over the two (mesh fsdp=2); one process with 2 de
 feeds the whole batch. Losses, metrics and final parameters must agree.
 
 One device a process: with 2 devices a process, XLA:CPU's gloo collectives deadlocked
-now and then (2 of 5 launches on a loaded 2-core machine, session 15: a process stuck
+now and then (2 of 5 launches on a loaded 2-core machine, 2026-12-04: a process stuck
 in a resharding program's Execute; 0 of 8 with one device a process). TPU and
 GPU hosts do not use these CPU collectives.
 
@@ -63,7 +63,7 @@ def worker(out: str, process_id: int = 0, num_processes: int = 1, port: int = 0)
     ac = tiny_actor_critic(seed=0)
     learner = RLLearner(
         ac,
-        RLHyper(estimator="gae", entropy_coef=0.01),
+        RLHyper.defaults(estimator="gae", entropy_coef=0.01),
         optax.adam(3e-3),
         ppo_epochs=1,
         minibatch_size=4,  # two optimizer steps per update, on permuted global rows

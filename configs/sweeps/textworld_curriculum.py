@@ -33,7 +33,8 @@ LONG_EPISODES = {
     "rollout.length_buckets": (512, 1024, 1536, 2048, 3072, 4096),
     "rl.grad_accum": 4,
     # The warm-up's 16 transcripts of up to 4096 tokens reached 18.4 GB resident in the
-    # seed-0 runs (session 12), made before these two lines; the steps are the same.
+    # seed-0 runs (2026-12-04), made before commit 54b2075 added these two lines; the steps
+    # are the same.
     "pretrain.grad_accum": 4,
     "sft.grad_accum": 2,
     "rl.episodes_per_epoch": 64,
