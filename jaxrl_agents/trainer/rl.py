@@ -36,35 +36,44 @@ from jaxrl_agents.trainer.kl_control import KLController
 
 @dataclasses.dataclass(frozen=True)
 class RLHyper:
-    """The static hyper-parameters of an update (hashable: closed over by jit)."""
+    """The static hyper-parameters of an update (hashable: closed over by jit), read from
+    the config (`from_config`); their defaults are configs/base.py's, the one place they
+    are set (`defaults()` builds one from it, with overrides, e.g. for tests)."""
 
-    estimator: str = "gae"
-    gamma: float = 0.99
-    lam: float = 0.95
-    token_gamma: float = 1.0  # bilevel_gae: discount inside a turn
-    token_lam: float = 1.0  # bilevel_gae: lambda inside a turn
-    score_gamma: float = 1.0  # rloo / grpo: per-turn discount of the episode score
-    clip_eps: float = 0.2
-    clip_eps_high: float | None = None
-    dual_clip: float | None = None
-    loss_agg: str = "token-mean"
-    loss_tokens: str = "decisions"  # the tokens policy terms count (kernels.decision_mask)
-    value_clip: float | None = 0.2
-    value_coef: float = 0.5
-    entropy_coef: float = 0.0
-    grpo_std_normalize: bool = True
-    normalize_advantages: bool = True
-    bootstrap_truncated: bool = False  # a cut episode ends with V(last state), not 0
-    kl_kind: str = "k1"
-    kl_where: str = "reward"
-    ewc_coef: float = 0.0  # EWC penalty weight (0 = off; see trainer/ewc.py)
-    ewc_decay: float = 1.0  # weight of the earlier stages' Fisher at each consolidation
-    logits_chunk: int = 0  # positions whose logits are made at once (0: the whole sequence)
-    temperature: float = 1.0  # the policy is softmax(logits / temperature), as sampled
+    estimator: str
+    gamma: float
+    lam: float
+    token_gamma: float  # bilevel_gae: discount inside a turn
+    token_lam: float  # bilevel_gae: lambda inside a turn
+    score_gamma: float  # rloo / grpo: per-turn discount of the episode score
+    clip_eps: float
+    clip_eps_high: float | None
+    dual_clip: float | None
+    loss_agg: str
+    loss_tokens: str  # the tokens policy terms count (kernels.decision_mask)
+    value_clip: float | None
+    value_coef: float
+    entropy_coef: float
+    grpo_std_normalize: bool
+    normalize_advantages: bool
+    bootstrap_truncated: bool  # a cut episode ends with V(last state), not 0
+    kl_kind: str
+    kl_where: str
+    ewc_coef: float  # EWC penalty weight (0 = off; see trainer/ewc.py)
+    ewc_decay: float  # weight of the earlier stages' Fisher at each consolidation
+    logits_chunk: int  # positions whose logits are made at once (0: the whole sequence)
+    temperature: float  # the policy is softmax(logits / temperature), as sampled
 
     @property
     def uses_critic(self) -> bool:
         return estimators.ESTIMATORS[self.estimator].needs_critic
+
+    @classmethod
+    def defaults(cls, **overrides) -> RLHyper:
+        """The base config's hyper-parameters (configs/base.py), with `overrides`."""
+        from configs.base import get_config
+
+        return dataclasses.replace(cls.from_config(get_config()), **overrides)
 
     @classmethod
     def from_config(cls, cfg) -> RLHyper:
@@ -265,7 +274,7 @@ def prepare(
     return extras, metrics
 
 
-def episode_logprobs(graphdef, params, rows: dict, hp: RLHyper = RLHyper()):
+def episode_logprobs(graphdef, params, rows: dict, hp: RLHyper):
     """Summed log-likelihood of each row's action tokens under the policy: [b]."""
     logp, _, _, _ = _forward(nnx.merge(graphdef, params), rows, hp)
     return (logp * rows["action_mask"]).sum(axis=1)

@@ -153,7 +153,7 @@ def _learner(critic="head", scan=False, **kw):
 
     model, base = _policy(scan)
     ac = build_actor_critic(model, critic, rngs=nnx.Rngs(3))
-    hp = RLHyper(estimator="gae", kl_where="loss")
+    hp = RLHyper.defaults(estimator="gae", kl_where="loss")
     learner = RLLearner(ac, hp, optax.adam(1e-2), ppo_epochs=1, minibatch_size=8, **kw)
     return learner, learner.init_state(ac), ac, base
 

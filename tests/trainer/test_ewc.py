@@ -1,7 +1,6 @@
 """EWC: the diagonal Fisher against per-episode gradients, the penalty's value, and the
 learner holding consolidated parameters near their anchor."""
 
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -25,7 +24,8 @@ def test_diagonal_fisher_is_the_mean_squared_episode_gradient():
     batch = random_batch(0)
     batch.row_valid[-1] = 0.0  # a filler row does not count
     arrays = _arrays(batch)
-    logp_fn = functools.partial(episode_logprobs, graphdef)
+    hp = RLHyper.defaults()
+    logp_fn = lambda p, rows: episode_logprobs(graphdef, p, rows, hp)  # noqa: E731
     fisher = jax.jit(ewc.diagonal_fisher, static_argnums=0)(logp_fn, params, arrays)
     rows = [i for i in range(batch.shape[0]) if batch.row_valid[i]]
     grads = [jax.grad(lambda p, i=i: logp_fn(p, {k: v[i:i + 1] for k, v in arrays.items()})[0])(
@@ -57,7 +57,7 @@ def test_consolidated_parameters_stay_near_their_anchor():
     results = {}
     for coef in (1e-12, 1e4):
         ac = tiny_actor_critic()
-        hp = RLHyper(estimator="gae", ewc_coef=coef)
+        hp = RLHyper.defaults(estimator="gae", ewc_coef=coef)
         learner = RLLearner(ac, hp, optax.adam(3e-3), ppo_epochs=1, minibatch_size=8)
         state = learner.init_state(ac)
         assert state.ewc_fisher is not None and state.ewc_anchor is not None
@@ -73,7 +73,7 @@ def test_consolidated_parameters_stay_near_their_anchor():
 
 def test_consolidate_needs_ewc_on():
     ac = tiny_actor_critic()
-    learner = RLLearner(ac, RLHyper(estimator="gae"), optax.adam(1e-3))
+    learner = RLLearner(ac, RLHyper.defaults(estimator="gae"), optax.adam(1e-3))
     state = learner.init_state(ac)
     assert state.ewc_fisher is None
     with pytest.raises(ValueError, match="ewc_coef"):

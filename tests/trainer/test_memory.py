@@ -52,7 +52,8 @@ def _large_entries(tree):
 @pytest.mark.parametrize("master", [False, True])
 def test_learner_with_bf16_params_and_master_weights(master):
     ac = _bf16_actor_critic()
-    learner = RLLearner(ac, RLHyper(estimator="gae"), optax.sgd(1e-5), master_weights=master)
+    learner = RLLearner(ac, RLHyper.defaults(estimator="gae"), optax.sgd(1e-5),
+                        master_weights=master)
     state = learner.init_state(ac)
     assert (state.master is not None) == master
     before = _large_entries(state.params)
@@ -80,7 +81,7 @@ def test_accumulated_micro_batches_give_the_big_batch_update(loss_agg):
     """SGD (linear in the gradient) over one minibatch of 8 episodes, taken whole or as
     2 or 4 micro-batches (whose action-token counts differ)."""
     ac = tiny_actor_critic()
-    hp = RLHyper(estimator="gae", loss_agg=loss_agg, entropy_coef=0.01, kl_where="loss")
+    hp = RLHyper.defaults(estimator="gae", loss_agg=loss_agg, entropy_coef=0.01, kl_where="loss")
     learner = RLLearner(ac, hp, optax.sgd(0.1), minibatch_size=8)
     batch, start = random_batch(6), _flat(nnx.state(ac))
     steps = {}
@@ -101,7 +102,7 @@ def test_checkpoint_round_trip_of_int8_state_and_master_weights(tmp_path):
     tx = actor_critic_adam(
         optax.constant_schedule(1e-3), optax.constant_schedule(1e-3), state="int8"
     )
-    learner = RLLearner(ac, RLHyper(estimator="gae"), tx, master_weights=True)
+    learner = RLLearner(ac, RLHyper.defaults(estimator="gae"), tx, master_weights=True)
     state, _ = learner.update(learner.init_state(ac), random_batch(0), jax.random.key(0))
     saved = jax.tree.map(np.asarray, state)
     ckpt = Checkpointer(str(tmp_path / "ckpt"), keep=1)
@@ -159,7 +160,7 @@ def test_learner_float32_state_with_bf16_params():
     ac = _bf16_actor_critic()
     lr = optax.constant_schedule(1e-3)
     tx = actor_critic_adam(lr, lr, max_grad_norm=1.0, state="float32")
-    learner = RLLearner(ac, RLHyper(estimator="gae"), tx)
+    learner = RLLearner(ac, RLHyper.defaults(estimator="gae"), tx)
     state = learner.init_state(ac)
     assert len(_moments(state.opt_state)) == 2 * len(jax.tree.leaves(state.params))
     state, metrics = learner.update(state, random_batch(0), jax.random.key(0))

@@ -13,7 +13,7 @@ from tests.trainer.helpers import VOCAB, random_batch, tiny_actor_critic
 
 def _learner(estimator, critic="head", **kw):
     ac = tiny_actor_critic(critic=critic)
-    hp = RLHyper(estimator=estimator, entropy_coef=0.01, kl_where="loss")
+    hp = RLHyper.defaults(estimator=estimator, entropy_coef=0.01, kl_where="loss")
     learner = RLLearner(ac, hp, optax.adam(3e-3), ppo_epochs=1, minibatch_size=8, **kw)
     return learner, learner.init_state(ac)
 
@@ -124,7 +124,7 @@ def test_critic_gets_its_own_learning_rate(critic):
     ac = tiny_actor_critic(critic=critic)
     tx = actor_critic_adam(optax.constant_schedule(0.0), optax.constant_schedule(1e-2))
     # Two passes: the value head starts at zero, so the trunk gets gradients from step 2.
-    learner = RLLearner(ac, RLHyper(estimator="gae"), tx, minibatch_size=8, ppo_epochs=2)
+    learner = RLLearner(ac, RLHyper.defaults(estimator="gae"), tx, minibatch_size=8, ppo_epochs=2)
     state = learner.init_state(ac)
     before = nnx.state(ac)
     state, _ = learner.update(state, random_batch(5), jax.random.key(0))
@@ -202,7 +202,7 @@ def test_prepare_in_row_chunks_holds_one_chunk_of_logits():
     from tests.trainer.helpers import tiny_policy
 
     ac = build_actor_critic(tiny_policy(vocab_size=512), "head", rngs=nnx.Rngs(1))
-    learner = RLLearner(ac, RLHyper(estimator="gae"), optax.adam(1e-3), minibatch_size=8)
+    learner = RLLearner(ac, RLHyper.defaults(estimator="gae"), optax.adam(1e-3), minibatch_size=8)
     state = learner.init_state(ac)
     indexed = {k: jnp.asarray(v) for k, v in random_batch(0).as_dict().items()}
     arrays = {k: v for k, v in indexed.items() if k != "loss_index"}
@@ -227,7 +227,7 @@ def test_update_metrics_do_not_depend_on_the_prepare_chunks():
     ac, batch = tiny_actor_critic(), random_batch(6)
     results = []
     for rows in (8, 2):
-        hp = RLHyper(estimator="gae", entropy_coef=0.01)
+        hp = RLHyper.defaults(estimator="gae", entropy_coef=0.01)
         learner = RLLearner(ac, hp, optax.adam(3e-3), minibatch_size=4, prepare_rows=rows)
         state, metrics = learner.update(learner.init_state(ac), batch, jax.random.key(0))
         results.append((metrics, jax.tree.leaves(state.params)))
@@ -250,7 +250,7 @@ def test_ppo_raises_the_probability_of_a_rewarded_action():
 
     ac = tiny_actor_critic()
     tx = optim.actor_critic_adam(optax.constant_schedule(3e-3), optax.constant_schedule(3e-3), 1.0)
-    learner = RLLearner(ac, RLHyper(estimator="gae"), tx, ppo_epochs=2, minibatch_size=16,
+    learner = RLLearner(ac, RLHyper.defaults(estimator="gae"), tx, ppo_epochs=2, minibatch_size=16,
                         kl=KLController("fixed", 0.01))
     state = learner.init_state(ac)
     prompt, rng = [1, 2, 3], np.random.default_rng(0)
@@ -322,7 +322,7 @@ def test_cutting_minibatches_to_their_own_length_changes_nothing():
     assert batch.shape[1] == 64
     results, cut_lengths = [], []
     for buckets in (None, (8, 16, 24, 32)):
-        hp = RLHyper(estimator="gae", entropy_coef=0.01)
+        hp = RLHyper.defaults(estimator="gae", entropy_coef=0.01)
         # Plain SGD: Adam would turn float noise on a ~0 gradient into an lr-sized step.
         learner = RLLearner(ac, hp, optax.sgd(0.02), ppo_epochs=2, minibatch_size=2,
                             length_buckets=buckets)
@@ -363,7 +363,7 @@ def test_logits_made_in_chunks_give_the_same_update_and_hold_less_memory(at_acti
         batch.loss_index = None
     results, temp = [], []
     for chunk in (0, 8):
-        hp = RLHyper(estimator="gae", entropy_coef=0.01, logits_chunk=chunk)
+        hp = RLHyper.defaults(estimator="gae", entropy_coef=0.01, logits_chunk=chunk)
         learner = RLLearner(ac, hp, optax.adam(3e-3), ppo_epochs=1, minibatch_size=8)
         state = learner.init_state(ac)
         arrays = {k: jnp.asarray(v) for k, v in batch.as_dict().items()}
@@ -392,7 +392,7 @@ def test_learner_log_probs_are_those_of_the_tempered_policy(temperature, chunk):
     """Rollouts sampled at temperature tau record log-probs of softmax(logits / tau); the
     learner must score tokens under the same distribution, or PPO's first ratio is not 1."""
     ac = tiny_actor_critic()
-    hp = RLHyper(estimator="gae", temperature=temperature, logits_chunk=chunk)
+    hp = RLHyper.defaults(estimator="gae", temperature=temperature, logits_chunk=chunk)
     learner = RLLearner(ac, hp, optax.adam(1e-3), ppo_epochs=1, minibatch_size=8)
     state = learner.init_state(ac)
     batch = random_batch(4)
@@ -445,7 +445,7 @@ def test_forced_tokens_only_dilute_the_policy_gradient_when_counted():
     steps = {}
     for tokens in ("decisions", "actions"):
         ac = tiny_actor_critic()
-        hp = RLHyper(estimator="gae", value_coef=0.0, normalize_advantages=False,
+        hp = RLHyper.defaults(estimator="gae", value_coef=0.0, normalize_advantages=False,
                      loss_tokens=tokens)
         learner = RLLearner(ac, hp, optax.sgd(1.0), ppo_epochs=1,
                             minibatch_size=batch.shape[0], kl=KLController("fixed", 0.0))
@@ -477,7 +477,7 @@ def test_every_row_is_used_every_epoch_when_the_minibatch_does_not_divide_the_ba
     """8 rows in minibatches of 3: three steps an epoch, the last topped up with rows whose
     action mask is zeroed, so each row enters the losses exactly once an epoch."""
     ac, batch = tiny_actor_critic(), random_batch(5)
-    learner = RLLearner(ac, RLHyper(estimator="gae"), optax.sgd(0.01), ppo_epochs=2,
+    learner = RLLearner(ac, RLHyper.defaults(estimator="gae"), optax.sgd(0.01), ppo_epochs=2,
                         minibatch_size=3)
     seen = []
 

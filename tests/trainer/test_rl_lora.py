@@ -79,7 +79,7 @@ def test_master_copy_and_ewc_cover_the_trainable_part_only():
     policy = Transformer(config, rngs=nnx.Rngs(0))
     lora.attach(policy, lora.LoRAConfig(rank=4), rngs=nnx.Rngs(1))
     ac = build_actor_critic(policy, "head", rngs=nnx.Rngs(2))
-    learner = RLLearner(ac, RLHyper(estimator="gae", ewc_coef=1.0), optax.adam(1e-2),
+    learner = RLLearner(ac, RLHyper.defaults(estimator="gae", ewc_coef=1.0), optax.adam(1e-2),
                         minibatch_size=8, master_weights=True)
     state = learner.init_state(ac)
     trainable = lora.trainable(state.params)

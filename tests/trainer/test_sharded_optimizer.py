@@ -142,7 +142,8 @@ def _learner(ac, state, mesh, batch):
     def two_updates(mesh):
         """Parameters before and after two updates (the second reads quantised moments;
         prepare runs in two chunks of 4 rows, each split over data x fsdp)."""
-        learner = RLLearner(ac, RLHyper(), _tx(state), minibatch_size=8, prepare_rows=4, mesh=mesh)
+        learner = RLLearner(ac, RLHyper.defaults(), _tx(state), minibatch_size=8, prepare_rows=4,
+                            mesh=mesh)
         state_ = learner.init_state(ac)
         before, placed = flat(state_.params), shardings(state_)
         for i in range(2):
@@ -175,7 +176,7 @@ def _int8_bytes(ac, mesh_shape):
     from jaxrl_agents.trainer.rl import RLHyper, RLLearner
 
     mesh = sharding.make_mesh(dict(zip(sharding.MESH_AXES, mesh_shape)))
-    opt_state = RLLearner(ac, RLHyper(), _tx("int8"), mesh=mesh).init_state(ac).opt_state
+    opt_state = RLLearner(ac, RLHyper.defaults(), _tx("int8"), mesh=mesh).init_state(ac).opt_state
     n = mesh_shape[0] * mesh_shape[1]
     expected = 0
     for node in jax.tree.leaves(
