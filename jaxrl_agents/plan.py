@@ -407,7 +407,7 @@ def kv_cache_spec(
     from jaxrl_agents.models.transformer import VALUE_AXES
     from jaxrl_agents.rollout import sampler
 
-    multiple = mesh.shape["data"] * mesh.shape["fsdp"]
+    multiple = sharding.batch_shards(mesh)
     batch = bucket(cfg.rollout.episodes_per_batch, sampler.BATCH_BUCKETS, multiple)
     slots = bucket(cfg.rollout.max_context, sampler.CACHE_BUCKETS)
     shape = (mc.num_layers, batch, mc.num_kv_heads, slots, mc.head_dim)
@@ -423,7 +423,7 @@ def prefill_scratch_bytes(cfg, mc: ModelConfig, mesh) -> int:
     and a few [B, V] float32 rows (logits, log-softmax, the sampling filters)."""
     from jaxrl_agents.rollout import sampler
 
-    data = mesh.shape["data"] * mesh.shape["fsdp"]
+    data = sharding.batch_shards(mesh)
     tensor = mesh.shape["tensor"]
     batch = bucket(cfg.rollout.episodes_per_batch, sampler.BATCH_BUCKETS, data)
     rows = batch // data
@@ -464,7 +464,7 @@ def train_shape(cfg, mesh) -> tuple[int, int, int]:
     minibatch = min(cfg.rl.minibatch_size, cfg.rollout.episodes_per_batch)
     accum = cfg.rl.grad_accum if minibatch % cfg.rl.grad_accum == 0 else 1
     micro = minibatch // accum
-    per_device = -(-micro // (mesh.shape["data"] * mesh.shape["fsdp"]))
+    per_device = -(-micro // sharding.batch_shards(mesh))
     length = bucket(cfg.rollout.max_context, cfg.rollout.length_buckets)
     return micro, per_device, length
 

@@ -192,6 +192,12 @@ def shard_optimizer_state(opt_state, mesh):
     return shard_params(opt_state, mesh)
 
 
+def batch_shards(mesh) -> int:
+    """How many parts a batch's rows are split into: the product of the mesh's batch axes
+    (`BATCH_AXES`). A batch's row count must be a multiple of it."""
+    return int(np.prod([mesh.shape[axis] for axis in BATCH_AXES]))
+
+
 def batch_sharding(mesh, ndim: int) -> NamedSharding:
     """Leading (batch) dimension over ('data', 'fsdp'), the rest replicated."""
     return NamedSharding(mesh, PartitionSpec(BATCH_AXES, *([None] * (ndim - 1))))
@@ -203,7 +209,7 @@ def shard_batch(batch, mesh):
     With several processes (multi-host), each passes its own rows and the global
     batch is their concatenation.
     """
-    n = mesh.shape["data"] * mesh.shape["fsdp"]
+    n = batch_shards(mesh)
     multi_host = jax.process_count() > 1
 
     def put(path, x):

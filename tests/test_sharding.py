@@ -160,3 +160,11 @@ def _child():
 
 if __name__ == "__main__":
     _child()
+
+
+def test_batch_shards_is_the_product_of_the_batch_axes():
+    import types
+
+    from jaxrl_agents.sharding import batch_shards
+
+    assert batch_shards(types.SimpleNamespace(shape={"data": 2, "fsdp": 4, "tensor": 8})) == 8

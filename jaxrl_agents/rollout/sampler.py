@@ -473,7 +473,9 @@ class Sampler:
         self._allowed = jnp.arange(vocab) < sample_vocab
         self.batch_multiple = 1
         if mesh is not None:
-            self.batch_multiple = int(mesh.shape["data"] * mesh.shape["fsdp"])
+            from jaxrl_agents import sharding
+
+            self.batch_multiple = sharding.batch_shards(mesh)
 
     # -- shapes and placement
 

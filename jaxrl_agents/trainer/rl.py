@@ -576,7 +576,7 @@ class RLLearner:
         if real is not None and real < len(idx):
             keep = (np.arange(len(idx)) < real).reshape(accum, b, 1)
             micro["action_mask"] = micro["action_mask"] * jnp.asarray(keep, jnp.float32)
-        if self.mesh is None or b % (self.mesh.shape["data"] * self.mesh.shape["fsdp"]):
+        if self.mesh is None or b % sharding.batch_shards(self.mesh):
             return micro
         spec = jax.sharding.PartitionSpec(None, sharding.BATCH_AXES)
         return jax.device_put(micro, jax.sharding.NamedSharding(self.mesh, spec))

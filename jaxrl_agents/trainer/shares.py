@@ -18,6 +18,7 @@ import numpy as np
 
 from jaxrl_agents.data import Batch, Trajectory, bucket, loss_index_width, pack
 from jaxrl_agents.distributed import process_slice
+from jaxrl_agents.sharding import batch_shards
 from jaxrl_agents.trainer.task_schedule import Plan
 
 
@@ -76,7 +77,7 @@ def local_batch_shards(mesh, count: int) -> int:
     mesh."""
     if mesh is None:
         return 1
-    return max(mesh.shape["data"] * mesh.shape["fsdp"] // count, 1)
+    return max(batch_shards(mesh) // count, 1)
 
 
 _SUMMED = ("rollout/episodes", "rollout/turns", "rollout/action_tokens")
