@@ -16,6 +16,7 @@ every method is a no-op, so all processes can call the same code.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import numbers
@@ -418,6 +419,24 @@ class RunLogger:
         if self._jsonl is not None:
             self._jsonl.flush()
         return plot_metrics(self.run_dir, keys)
+
+    @contextlib.contextmanager
+    def phase(self, name: str, total: int, unit: str):
+        """A second progress bar, under the updates' one, for work before or between
+        updates (warm-up, SFT, an evaluation): yields `advance(n=1)`. Without the updates'
+        bar (progress_bar off, or not the main process) `advance` does nothing."""
+        if self._bar is None:
+            yield lambda n=1: None
+            return
+        from tqdm.auto import tqdm
+
+        # A phase moves a few times a minute: every move is drawn (mininterval 0).
+        bar = tqdm(total=total, desc=name, unit=unit, position=1, leave=False,
+                   dynamic_ncols=True, mininterval=0)
+        try:
+            yield bar.update
+        finally:
+            bar.close()
 
     def write(self, text: str) -> None:
         """Prints a line without breaking the progress bar."""

@@ -115,6 +115,22 @@ def test_progress_bar_postfix(tmp_path):
     log.close()
 
 
+def test_a_phase_has_its_own_bar_under_the_updates_one(tmp_path, capsys):
+    log = L.RunLogger(str(tmp_path), tensorboard=False, jsonl=False, total=5)
+    with log.phase("SFT", 4, "epoch") as advance:
+        advance()
+        advance(2)
+    err = capsys.readouterr().err
+    assert "SFT" in err and "3/4" in err and log._bar.n == 0
+    log.close()
+    capsys.readouterr()
+    quiet = L.RunLogger(str(tmp_path), tensorboard=False, jsonl=False, progress_bar=False)
+    with quiet.phase("SFT", 4, "epoch") as advance:
+        advance()  # no bar: nothing to move, nothing printed
+    assert capsys.readouterr().err == ""
+    quiet.close()
+
+
 def test_save_config_and_write_eval(tmp_path):
     log = L.RunLogger(str(tmp_path), tensorboard=False, progress_bar=False)
     cfg = base.get_config()

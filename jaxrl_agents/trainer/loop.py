@@ -214,16 +214,19 @@ class Trainer:
         chunk = even_chunk(len(mine), self.cfg.rollout.episodes_per_batch)
         key = jax.random.key(seed)
         local = []
-        for i in range(0, len(mine), chunk):
-            part = mine[i : i + chunk]
-            budgets = self.schedule.eval_max_steps(part)
-            if temperature == 0:
-                local += self.eval_driver.run(part, greedy=True, max_steps=budgets)
-                continue
-            for k in range(samples):
-                sub = jax.random.fold_in(jax.random.fold_in(key, i), k)
-                local += self.eval_driver.run(part, sub, max_steps=budgets,
-                                              temperature=temperature)
+        with self.logger.phase(f"eval {stage}", len(mine) * samples, "game") as advance:
+            for i in range(0, len(mine), chunk):
+                part = mine[i : i + chunk]
+                budgets = self.schedule.eval_max_steps(part)
+                if temperature == 0:
+                    local += self.eval_driver.run(part, greedy=True, max_steps=budgets)
+                    advance(len(part))
+                    continue
+                for k in range(samples):
+                    sub = jax.random.fold_in(jax.random.fold_in(key, i), k)
+                    local += self.eval_driver.run(part, sub, max_steps=budgets,
+                                                  temperature=temperature)
+                    advance(len(part))
         trajs = [t for part in distributed.allgather_objects(local) for t in part]
         result = held_out_result(trajs)
         parts = self.layout.split_by_task(trajs)
@@ -243,9 +246,12 @@ class Trainer:
         cfg = self.cfg
         heads = self.layout.train_task_heads()
         trajs = []
-        for r in range(cfg.pretrain.episodes_per_task):
-            key = jax.random.fold_in(jax.random.fold_in(self.key, r), 2)
-            trajs += self.eval_driver.run(heads, key, forced_actions="random")
+        rounds = cfg.pretrain.episodes_per_task
+        with self.logger.phase("warm-up transcripts", rounds * len(heads), "game") as advance:
+            for r in range(rounds):
+                key = jax.random.fold_in(jax.random.fold_in(self.key, r), 2)
+                trajs += self.eval_driver.run(heads, key, forced_actions="random")
+                advance(len(heads))
         self.logger.write(f"Pretraining on {len(trajs)} random-play transcripts")
         trainer = SFTTrainer(
             self.actor_critic.policy, learning_rate=cfg.pretrain.learning_rate,
@@ -254,12 +260,17 @@ class Trainer:
             pad_id=self.pad_id, length_buckets=cfg.rollout.length_buckets,
             grad_accum=cfg.pretrain.grad_accum)
 
-        def on_epoch(row):
-            self.logger.log(0, {f"pretrain/{k}": v for k, v in row.items()})
-            self.logger.write(f"  pretrain epoch {row['epoch']}: train {row['train_loss']:.4f} "
-                              f"val {row.get('val_loss', float('nan')):.4f}")
+        with self.logger.phase("warm-up", cfg.pretrain.epochs, "epoch") as advance:
 
-        return {"history": trainer.fit(trajs, on_epoch=on_epoch), "transcripts": len(trajs)}
+            def on_epoch(row):
+                self.logger.log(0, {f"pretrain/{k}": v for k, v in row.items()})
+                self.logger.write(f"  pretrain epoch {row['epoch']}: train "
+                                  f"{row['train_loss']:.4f} val "
+                                  f"{row.get('val_loss', float('nan')):.4f}")
+                advance()
+
+            history = trainer.fit(trajs, on_epoch=on_epoch)
+        return {"history": history, "transcripts": len(trajs)}
 
     def run_sft(self) -> dict:
         cfg = self.cfg
@@ -279,8 +290,10 @@ class Trainer:
                 line += f" held-out success {early['mean']:.3f} ({early['n']} games)"
             self.logger.log(0, {f"sft/{k}": v for k, v in row.items()})
             self.logger.write(line)
+            advance()
 
-        history = trainer.fit(gold, on_epoch=on_epoch)
+        with self.logger.phase("SFT", cfg.sft.epochs, "epoch") as advance:
+            history = trainer.fit(gold, on_epoch=on_epoch)
         result = self.evaluate("sft", limit=cfg.sft.eval_games) if cfg.sft.eval_games else {}
         result["history"] = history
         return result
