@@ -469,9 +469,10 @@ def held_out_result(trajectories) -> dict:
     result = clustered_success_ci([t.won for t in trajectories], games)
     # Each game's outcome (its success rate when sampled several times), so that two
     # evaluations on the same games can be compared game by game (`seed_stats.paired_games`).
+    # Keyed by the task's name: unique and stable across runs and hosts (an env id is not).
     per_game: dict = {}
     for game, t in zip(games, trajectories):
-        per_game.setdefault(str(game), []).append(float(t.won))
+        per_game.setdefault(str(t.task_id or game), []).append(float(t.won))
     result["per_game"] = {game: float(np.mean(won)) for game, won in per_game.items()}
     result["return_mean"] = float(np.mean([t.episode_return for t in trajectories]))
     result["failed"] = int(sum(t.failed for t in trajectories))
