@@ -12,22 +12,13 @@ import pytest
 
 from jaxrl_agents import cli, plan, preflight
 from jaxrl_agents.config import load_config
+from tests import test_plan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASE = os.path.join(ROOT, "configs", "base.py")
 TINY = {
-    "model.vocab_size": 256,
+    **test_plan.TINY,  # the planner tests' tiny model and batch
     "tokenizer.vocab_size": 256,
-    "model.hidden_size": 64,
-    "model.intermediate_size": 128,
-    "model.num_layers": 2,
-    "model.num_heads": 4,
-    "model.num_kv_heads": 2,
-    "model.head_dim": 16,
-    "rollout.episodes_per_batch": 8,
-    "rollout.max_context": 128,
-    "rollout.length_buckets": (64, 128),
-    "rl.minibatch_size": 8,
     "sft.batch_size": 4,  # the training step peaks, not SFT
 }
 # 2^24 episodes in one minibatch: the training step's activations alone plan ~50,000 GiB.
