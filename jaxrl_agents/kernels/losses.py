@@ -53,8 +53,11 @@ def decision_mask(action_mask, allowed=None):
 
 def token_logprobs(logits, targets):
     """log softmax(logits)[targets]: [B, T, V], [B, T] int -> [B, T] (float32)."""
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    return jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+    logits = logits.astype(jnp.float32)
+    # The target's logit minus the log-normaliser: no [B, T, V] log-softmax is kept, which
+    # made forward + backward over a 49k vocabulary ~30% faster on CPU.
+    target = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    return target - jax.nn.logsumexp(logits, axis=-1)
 
 
 def shift_right(x_bt, fill=0.0):
@@ -88,14 +91,16 @@ def target_logprobs_and_entropy(logits, targets, allowed=None):
     logits [B, n, V] predicting targets [B, n] -> ([B, n], [B, n]) float32; `allowed`
     [B, n, K] as in `next_token_logprobs_and_entropy` (already aligned with targets)."""
     logits = logits.astype(jnp.float32)
-    logp_full = jax.nn.log_softmax(logits, axis=-1)
-    logp = jnp.take_along_axis(logp_full, targets[..., None], axis=-1)[..., 0]
-    ent = -jnp.sum(jnp.exp(logp_full) * logp_full, axis=-1)
+    # log p = logit - lse and H = lse - sum(p * logit): one [B, n, V] softmax, no
+    # log-softmax array beside it.
+    lse = jax.nn.logsumexp(logits, axis=-1)  # (B, n)
+    target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    logp = target_logit - lse
+    ent = lse - jnp.sum(jnp.exp(logits - lse[..., None]) * logits, axis=-1)
     if allowed is not None:
         ok = allowed >= 0
         picked = allowed_logits(logits, allowed)
         logp_k = jax.nn.log_softmax(picked, axis=-1)  # (B, n, K)
-        target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
         constrained = ok.any(axis=-1)
         logp = jnp.where(constrained, target_logit - jax.nn.logsumexp(picked, axis=-1), logp)
         ent_k = -jnp.sum(jnp.where(ok, jnp.exp(logp_k) * logp_k, 0.0), axis=-1)

@@ -40,8 +40,21 @@ def _param(rngs: nnx.Rngs, shape, axes, dtype, init="normal") -> nnx.Param:
 def _dense(module: nnx.Module, name: str, x_bti, dtype):
     """x @ W^T for `module`'s weight `name` ([out, in]) in `dtype`, plus the weight's LoRA
     adapter delta when it has one (models/lora.py). [B, T, in] -> [B, T, out]."""
-    y = jnp.einsum("bti,oi->bto", x_bti, getattr(module, name)[...].astype(dtype))
+    y = matmul_wt(x_bti, getattr(module, name)[...].astype(dtype))
     return lora.add_delta(module, name, x_bti, y)
+
+
+def matmul_wt(x_ni, w_oi, preferred_element_type=None):
+    """x @ w^T: [..., in] x [out, in] -> [..., out], as one 2-D matrix product.
+
+    Folding the leading axes into one first matters on CPU: XLA lowers a 3-D einsum's
+    backward (the weight gradient contracts over two axes) to a slower contraction than
+    a plain GEMM, which made an MLP's forward + backward 1.6x slower at SmolLM2's shape.
+    """
+    lead, i = x_ni.shape[:-1], x_ni.shape[-1]
+    y = jax.lax.dot_general(x_ni.reshape(-1, i), w_oi, (((1,), (1,)), ((), ())),
+                            preferred_element_type=preferred_element_type)
+    return y.reshape(*lead, w_oi.shape[0])
 
 
 # ----------------------------------------------------------------------------- maths
@@ -103,22 +116,30 @@ def apply_rope(x_btnh, cos_bth, sin_bth):
 def attend(q_btnh, k_bskh, v_bskh, mask_bts):
     """Grouped-query softmax attention; mask_bts is True where query t may see key s.
 
-    Returns [B, T, N, H]. Scores and softmax are float32. The softmax is normalised after
-    the value matmul, on [B, T, N, H] instead of the [B, N, T, S] weights: the same result
-    with S / H times fewer divisions (in both passes).
+    Returns [B, T, N, H]. Scores and softmax are float32. Both matmuls run batched over
+    (B, K) with each kv head's G query heads stacked along the rows ([B, K, G*T, H]): plain
+    batched GEMMs, which XLA:CPU runs (forward and backward) faster than the 5-D einsum.
+    The softmax is normalised after the value matmul, on [B, K, G, T, H] instead of the
+    [B, K, G, T, S] weights: the same result with S / H times fewer divisions.
     """
     b, t, n, h = q_btnh.shape
     k = k_bskh.shape[2]
-    q = q_btnh.reshape(b, t, k, n // k, h)  # (B, T, K, G, H)
-    scores = jnp.einsum("btkgh,bskh->bkgts", q, k_bskh, preferred_element_type=jnp.float32)
+    g = n // k
+    q = q_btnh.reshape(b, t, k, g, h).transpose(0, 2, 3, 1, 4).reshape(b, k, g * t, h)
+    keys = k_bskh.transpose(0, 2, 1, 3)  # (B, K, S, H)
+    values = v_bskh.transpose(0, 2, 1, 3)  # (B, K, S, H)
+    scores = jax.lax.dot_general(q, keys, (((3,), (3,)), ((0, 1), (0, 1))),
+                                 preferred_element_type=jnp.float32)  # (B, K, G*T, S)
+    scores = scores.reshape(b, k, g, t, -1)
     scores = jnp.where(mask_bts[:, None, None, :, :], scores * (h ** -0.5), _MASKED)
     top = jax.lax.stop_gradient(scores.max(axis=-1, keepdims=True))
     weights = jnp.exp(scores - top)  # (B, K, G, T, S), unnormalised
     total = weights.sum(axis=-1)  # (B, K, G, T)
-    out = jnp.einsum("bkgts,bskh->btkgh", weights.astype(v_bskh.dtype), v_bskh,
-                     preferred_element_type=jnp.float32)  # (B, T, K, G, H)
-    out = out / total.transpose(0, 3, 1, 2)[..., None]
-    return out.astype(v_bskh.dtype).reshape(b, t, n, h)
+    out = jax.lax.dot_general(weights.astype(v_bskh.dtype).reshape(b, k, g * t, -1), values,
+                              (((3,), (2,)), ((0, 1), (0, 1))),
+                              preferred_element_type=jnp.float32)  # (B, K, G*T, H)
+    out = out.reshape(b, k, g, t, h) / total[..., None]
+    return out.astype(v_bskh.dtype).transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
 
 
 def causal_attend(q_btnh, k_btkh, v_btkh, mask_btt, block: int = 128):
@@ -445,7 +466,7 @@ class Transformer(nnx.Module):
         """Output projection [..., D] -> float32 [..., V] (tied: the embedding)."""
         table = self.embed_tokens if self.config.tie_embeddings else self.lm_head
         w = table[...].astype(hidden_btd.dtype)
-        return jnp.einsum("...d,vd->...v", hidden_btd, w, preferred_element_type=jnp.float32)
+        return matmul_wt(hidden_btd, w, preferred_element_type=jnp.float32)
 
     def logits_at(self, hidden_btd, ids_btk):
         """The output projection's logits of the ids only: [B, T, D], [B, T, K] int32 ->
