@@ -101,21 +101,21 @@ def _overrides_from_json(run_dir: str) -> list[str]:
 
 def _print_comparison(cfg, args, result: dict) -> int:
     """jaxrl-eval --compare STAGE: this evaluation minus STAGE of the run's eval.json, game
-    by game (`seed_stats.paired_games`); 2 when the stage or its games are not there."""
-    from jaxrl_agents import seed_stats
-    from jaxrl_agents.logging import EVAL_FILE
+    by game (`stats.paired_games`); 2 when the stage or its games are not there."""
+    from jaxrl_agents import stats
+    from jaxrl_agents.run_records import EVAL_FILE
     from jaxrl_agents.trainer.loop import run_dir_of
 
     path = os.path.join(run_dir_of(cfg), EVAL_FILE)
     with open(path) as f:
         other = json.load(f).get(args.compare) or {}
-    pair = seed_stats.paired_games(other.get("per_game") or {}, result.get("per_game") or {})
+    pair = stats.paired_games(other.get("per_game") or {}, result.get("per_game") or {})
     if pair is None:
         found = "no per-game outcomes" if other else "no such stage"
         print(f"jaxrl-eval: --compare {args.compare}: {path} has {found} for it on these "
               "games", file=sys.stderr)
         return 2
-    print(seed_stats.format_paired_games(pair, args.compare, "this evaluation"))
+    print(stats.format_paired_games(pair, args.compare, "this evaluation"))
     return 0
 
 

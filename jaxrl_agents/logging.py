@@ -1,5 +1,6 @@
-"""What a run writes for people to read: metrics.jsonl, TensorBoard, a progress bar,
-config.json, eval.json and PNG learning curves (see DESIGN.md, "Outputs of a run").
+"""The metrics logger of a run: metrics.jsonl, TensorBoard, a progress bar, config.json
+and eval.json (the files and their names are `run_records.py`; the PNG curves
+`plots.py`; success intervals such as `success_ci` are `stats.py`).
 
     with RunLogger(run_dir, total=num_updates, resume_step=start) as log:
         log.save_config(cfg)
@@ -8,10 +9,9 @@ config.json, eval.json and PNG learning curves (see DESIGN.md, "Outputs of a run
         log.write_eval("rl", success_ci(successes))
         log.plot()
 
-Metric names are grouped by prefix ("losses/pg", "charts/success", "perf/tokens_per_s");
-a name without a prefix is shown under "charts/" in TensorBoard and in the plots, but
-kept as given in metrics.jsonl. Only the main JAX process writes: with `is_main=False`
-every method is a no-op, so all processes can call the same code.
+Metric names are grouped by prefix (`run_records.metric_group`). Only the main JAX
+process writes: with `is_main=False` every method is a no-op, so all processes can call
+the same code.
 """
 
 from __future__ import annotations
@@ -22,20 +22,20 @@ import math
 import numbers
 import os
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-METRICS_FILE = "metrics.jsonl"
-EVAL_FILE = "eval.json"
-CONFIG_FILE = "config.json"
-PLOTS_DIR = "plots"
-SUMMARY_FILE = "summary.json"  # written when a run finishes (trainer.loop.write_summary)
-CHECKPOINT_DIR = "checkpoints"
-TOKENIZER_DIR = "tokenizer"  # the tokenizer trained for the run
-TRAJECTORIES_FILE = "trajectories.jsonl"  # reward.dump_trajectories
-WALL_TIME = "wall_time"  # seconds since the epoch, on every metrics.jsonl row
-DEFAULT_GROUP = "charts"
+from jaxrl_agents.plots import plot_metrics
+from jaxrl_agents.run_records import (
+    CONFIG_FILE,
+    EVAL_FILE,
+    METRICS_FILE,
+    WALL_TIME,
+    metric_group,
+    truncate_metrics,
+    write_json_atomic,
+)
 
 # Progress-bar postfix: short label -> the metric it shows. A metric matches when its
 # name equals the target or ends with "/" + target (so "success" finds "charts/success").
@@ -83,208 +83,6 @@ def _to_json_tree(obj, key: str = "?"):
     if hasattr(obj, "shape") and np.asarray(obj).size != 1:
         return [_to_json_tree(v, key) for v in np.asarray(obj).tolist()]
     return to_json_value(obj, key)
-
-
-def _write_json_atomic(path: str, obj) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, path)
-
-
-def success_ci(successes: Iterable, z: float = 1.959963984540054) -> dict:
-    """Success rate with a Wilson score interval (95% by default).
-
-    successes: one bool / 0-1 value per game. Returns
-    {"mean", "n", "ci_low", "ci_high"}; with no games, mean is None and the interval [0, 1].
-    """
-    s = np.asarray(list(successes), np.float64).ravel()
-    n = int(s.size)
-    if n == 0:
-        return {"mean": None, "n": 0, "ci_low": 0.0, "ci_high": 1.0}
-    if not np.all((s == 0) | (s == 1)):
-        raise ValueError("success_ci expects 0/1 (or bool) outcomes")
-    p = float(s.mean())
-    denom = 1.0 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return {
-        "mean": p,
-        "n": n,
-        "ci_low": max(0.0, min(p, centre - half)),  # min/max: rounding at k = 0 or n
-        "ci_high": min(1.0, max(p, centre + half)),
-    }
-
-
-def clustered_success_ci(successes: Iterable, games: Iterable,
-                         z: float = 1.959963984540054) -> dict:
-    """Success rate of several episodes per game, with a 95% interval over games.
-
-    Episodes of one game are not independent, so the interval is a normal one on the
-    per-game success rates: mean +- z * sd(rates) / sqrt(number of games), clipped to
-    [0, 1] (the Wilson interval of `success_ci` when every game was played once).
-    successes: one 0/1 value per episode; games: the game of each episode, same length.
-    Returns success_ci's keys, plus "games" (distinct games) and "samples_per_game" when
-    games were played more than once.
-    """
-    s = np.asarray(list(successes), np.float64).ravel()
-    labels = list(games)
-    if len(labels) != s.size:
-        raise ValueError(f"{s.size} outcomes but {len(labels)} game labels")
-    per_game: dict = {}
-    for label, won in zip(labels, s):
-        per_game.setdefault(label, []).append(won)
-    counts = {len(v) for v in per_game.values()}
-    if len(counts) > 1:
-        raise ValueError(f"games were played unequal numbers of times: {sorted(counts)}")
-    if counts == {1} or not per_game:
-        return success_ci(s, z)
-    if not np.all((s == 0) | (s == 1)):
-        raise ValueError("clustered_success_ci expects 0/1 (or bool) outcomes")
-    rates = np.array([np.mean(v) for v in per_game.values()])
-    p = float(rates.mean())
-    half = z * float(rates.std(ddof=1)) / math.sqrt(rates.size) if rates.size > 1 else 1.0
-    return {"mean": p, "n": int(s.size), "ci_low": max(0.0, p - half),
-            "ci_high": min(1.0, p + half), "games": int(rates.size),
-            "samples_per_game": counts.pop()}
-
-
-# --- a run directory reused by a fresh run ---------------------------------------------
-
-PREVIOUS_DIR = "previous"
-# What a run writes into its directory (a sweep's train.log stays: the sweep owns it).
-RUN_FILES = (METRICS_FILE, EVAL_FILE, CONFIG_FILE, PLOTS_DIR, SUMMARY_FILE, CHECKPOINT_DIR,
-             TOKENIZER_DIR, TRAJECTORIES_FILE)
-
-
-def set_aside_previous_run(run_dir: str) -> str | None:
-    """Moves an earlier run's files out of the way of a fresh run in the same directory.
-
-    Without this a second fresh run would append to the old metrics.jsonl and find the old
-    checkpoints' steps already on disk. When run_dir holds a run (checkpoints or
-    metrics.jsonl), its files and TensorBoard events move to run_dir/previous/<time>/;
-    returns that folder, or None when there was nothing to move.
-    """
-    checkpoints = os.path.join(run_dir, CHECKPOINT_DIR)
-    has_run = os.path.exists(os.path.join(run_dir, METRICS_FILE)) or (
-        os.path.isdir(checkpoints) and os.listdir(checkpoints)
-    )
-    if not has_run:
-        return None
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    target = os.path.join(run_dir, PREVIOUS_DIR, stamp)
-    n = 1
-    while os.path.exists(target):
-        target = os.path.join(run_dir, PREVIOUS_DIR, f"{stamp}-{n}")
-        n += 1
-    os.makedirs(target)
-    for name in sorted(os.listdir(run_dir)):
-        if name in RUN_FILES or name.startswith("events.out.tfevents."):
-            os.rename(os.path.join(run_dir, name), os.path.join(target, name))
-    return target
-
-
-# --- metrics.jsonl ---------------------------------------------------------------------
-
-
-def read_metrics(run_dir: str) -> list[dict]:
-    """Rows of run_dir/metrics.jsonl in order (null stays None). A torn last line, as a
-    kill during a write leaves, is skipped."""
-    path = os.path.join(run_dir, METRICS_FILE)
-    if not os.path.exists(path):
-        return []
-    rows = []
-    with open(path) as f:
-        for line in f:
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return rows
-
-
-def truncate_metrics(run_dir: str, step: int) -> int:
-    """Keeps only the metrics.jsonl rows with step <= `step`, and the eval.json
-    "per_update" entries with update <= `step`. Call when resuming from checkpoint
-    `step`, so the resumed run's files equal those of a run never interrupted.
-    Returns the number of metric rows kept."""
-    rows = [r for r in read_metrics(run_dir) if r.get("step", 0) <= step]
-    path = os.path.join(run_dir, METRICS_FILE)
-    if os.path.exists(path):
-        tmp = f"{path}.tmp"
-        with open(tmp, "w") as f:
-            for row in rows:
-                f.write(json.dumps(row) + "\n")
-        os.replace(tmp, path)
-    eval_path = os.path.join(run_dir, EVAL_FILE)
-    if os.path.exists(eval_path):
-        with open(eval_path) as f:
-            evals = json.load(f)
-        per_update = evals.get("per_update", {})
-        evals["per_update"] = {k: v for k, v in per_update.items() if int(k) <= step}
-        _write_json_atomic(eval_path, evals)
-    return len(rows)
-
-
-# --- plots -----------------------------------------------------------------------------
-
-
-def _group_of(name: str) -> tuple[str, str]:
-    """("losses", "pg") for "losses/pg"; ("charts", "success") for "success"."""
-    if "/" in name:
-        group, short = name.split("/", 1)
-        return group, short
-    return DEFAULT_GROUP, name
-
-
-def plot_metrics(run_dir: str, keys: Sequence[str] | None = None) -> list[str]:
-    """Draws learning curves from run_dir/metrics.jsonl into run_dir/plots/<group>.png.
-
-    One PNG per metric group, one panel per metric in a grid; missing and null (NaN)
-    points are skipped. `keys` limits the metrics drawn. Returns the PNG paths.
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = read_metrics(run_dir)
-    series: dict[str, tuple[list, list]] = {}
-    for row in rows:
-        for name, value in row.items():
-            if name in ("step", WALL_TIME) or (keys is not None and name not in keys):
-                continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                continue
-            xs, ys = series.setdefault(name, ([], []))
-            xs.append(row["step"])
-            ys.append(value)
-    groups: dict[str, list[str]] = {}
-    for name in series:
-        groups.setdefault(_group_of(name)[0], []).append(name)
-
-    out_dir = os.path.join(run_dir, PLOTS_DIR)
-    os.makedirs(out_dir, exist_ok=True)
-    paths = []
-    for group, names in sorted(groups.items()):
-        cols = min(3, len(names))
-        nrows = -(-len(names) // cols)
-        fig, axes = plt.subplots(nrows, cols, figsize=(4.5 * cols, 3.2 * nrows), squeeze=False)
-        for ax, name in zip(axes.flat, sorted(names)):
-            xs, ys = series[name]
-            ax.plot(xs, ys, marker="." if len(xs) < 50 else None, linewidth=1.2)
-            ax.set_title(name, fontsize=10)
-            ax.set_xlabel("update")
-            ax.grid(alpha=0.3)
-        for ax in list(axes.flat)[len(names) :]:
-            ax.axis("off")
-        fig.tight_layout()
-        path = os.path.join(out_dir, f"{group.replace('/', '_')}.png")
-        fig.savefig(path, dpi=90)
-        plt.close(fig)
-        paths.append(path)
-    return paths
 
 
 # --- the logger ------------------------------------------------------------------------
@@ -372,7 +170,7 @@ class RunLogger:
             # Strings, flags and non-finite values (null) stay in metrics.jsonl only.
             if key in ("step", WALL_TIME) or value is None or isinstance(value, (bool, str)):
                 continue
-            group, short = _group_of(key)
+            group, short = metric_group(key)
             self._tb.add_scalar(f"{group}/{short}", float(value), step, walltime=row[WALL_TIME])
 
     def _update_bar(self, row: dict) -> None:
@@ -390,7 +188,7 @@ class RunLogger:
         if not self.is_main:
             return
         data = cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg)
-        _write_json_atomic(os.path.join(self.run_dir, CONFIG_FILE), _config_json(data))
+        write_json_atomic(os.path.join(self.run_dir, CONFIG_FILE), _config_json(data))
 
     def write_eval(self, stage: str, result: Mapping, *, step: int | None = None) -> None:
         """Merges an evaluation into run_dir/eval.json.
@@ -410,7 +208,7 @@ class RunLogger:
         evals[stage] = clean
         if step is not None:
             evals.setdefault("per_update", {}).setdefault(str(int(step)), {})[stage] = clean
-        _write_json_atomic(path, evals)
+        write_json_atomic(path, evals)
 
     def plot(self, keys: Sequence[str] | None = None) -> list[str]:
         """PNG learning curves in run_dir/plots/ (see `plot_metrics`)."""

@@ -191,7 +191,7 @@ def eval_phases(cfg, step: int | None, base: bool) -> tuple[str]:
     """The plan phase `evaluate_checkpoint` reaches: "rollout" when it restores a checkpoint
     (it builds the learner state to restore into), "evaluation" when it plays the
     pretrained weights (`base`, or a run directory without checkpoints)."""
-    from jaxrl_agents.logging import CHECKPOINT_DIR
+    from jaxrl_agents.run_records import CHECKPOINT_DIR
 
     directory = os.path.join(cfg.output_dir, cfg.name, CHECKPOINT_DIR)
     saved = os.path.isdir(directory) and bool(os.listdir(directory))

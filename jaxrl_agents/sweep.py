@@ -47,9 +47,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from jaxrl_agents import seed_stats
+from jaxrl_agents import stats as seed_stats
 from jaxrl_agents.config import ConfigError, load_config, split_config_args
-from jaxrl_agents.logging import CHECKPOINT_DIR, EVAL_FILE, SUMMARY_FILE, _write_json_atomic
+from jaxrl_agents.run_records import CHECKPOINT_DIR, EVAL_FILE, SUMMARY_FILE, write_json_atomic
 
 SWEEP_KEYS = ("name", "config", "overrides", "grid", "runs", "report_task")
 # Keys the sweep itself sets on every run; a sweep file may not override them.
@@ -583,7 +583,7 @@ def write_summary(summary: Mapping, root: str) -> str:
     """Writes <root>/<sweep>/summary.json; returns its path."""
     path = os.path.join(root, summary["sweep"], SUMMARY_FILE)
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    _write_json_atomic(path, summary)
+    write_json_atomic(path, summary)
     return path
 
 

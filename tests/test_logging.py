@@ -1,8 +1,7 @@
-"""RunLogger outputs: metrics.jsonl, TensorBoard events, config/eval JSON, plots, resume."""
+"""RunLogger outputs: metrics.jsonl, TensorBoard events, config/eval JSON, resume."""
 
 import glob
 import json
-import math
 import os
 
 import jax.numpy as jnp
@@ -10,7 +9,9 @@ import numpy as np
 import pytest
 
 from configs import base
-from jaxrl_agents import logging as L
+from jaxrl_agents.logging import RunLogger
+from jaxrl_agents.run_records import CONFIG_FILE, EVAL_FILE, METRICS_FILE, WALL_TIME, read_metrics
+from jaxrl_agents.stats import success_ci
 
 
 def read_events(run_dir):
@@ -43,61 +44,19 @@ def scalars(run_dir):
     return out
 
 
-def test_success_ci_wilson_known_values():
-    got = L.success_ci([1] * 8 + [0] * 2)
-    assert got["n"] == 10 and got["mean"] == 0.8
-    assert got["ci_low"] == pytest.approx(0.4902, abs=1e-4)
-    assert got["ci_high"] == pytest.approx(0.9433, abs=1e-4)
-    # Formula check against a direct evaluation for many (k, n).
-    z = 1.959963984540054
-    for n in (1, 7, 100):
-        for k in (0, n // 3, n):
-            p = k / n
-            c = (p + z * z / (2 * n)) / (1 + z * z / n)
-            h = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-            r = L.success_ci([True] * k + [False] * (n - k))
-            assert r["ci_low"] == pytest.approx(max(0.0, c - h), abs=1e-12)
-            assert r["ci_high"] == pytest.approx(min(1.0, c + h), abs=1e-12)
-            assert r["ci_low"] <= r["mean"] <= r["ci_high"]
-    assert L.success_ci([]) == {"mean": None, "n": 0, "ci_low": 0.0, "ci_high": 1.0}
-    with pytest.raises(ValueError):
-        L.success_ci([0.5])
-
-
-def test_clustered_success_ci_is_an_interval_over_games():
-    rng = np.random.default_rng(0)
-    games = np.repeat(np.arange(40), 3)  # 40 games, 3 episodes each, shuffled below
-    won = rng.random(120) < np.repeat(rng.random(40), 3)
-    order = rng.permutation(120)
-    got = L.clustered_success_ci(won[order], games[order])
-    rates = won.reshape(40, 3).mean(axis=1)
-    half = 1.959963984540054 * rates.std(ddof=1) / math.sqrt(40)
-    assert got["mean"] == pytest.approx(won.mean())
-    assert got["ci_low"] == pytest.approx(max(0.0, rates.mean() - half))
-    assert got["ci_high"] == pytest.approx(min(1.0, rates.mean() + half))
-    assert (got["n"], got["games"], got["samples_per_game"]) == (120, 40, 3)
-    # One episode per game: exactly the Wilson interval of success_ci.
-    once = [True, False, True, True, False]
-    assert L.clustered_success_ci(once, "abcde") == L.success_ci(once)
-    with pytest.raises(ValueError, match="unequal"):
-        L.clustered_success_ci([True, False, True], ["a", "a", "b"])
-    with pytest.raises(ValueError, match="labels"):
-        L.clustered_success_ci([True, False], ["a"])
-
-
 def test_log_writes_jsonl_and_tensorboard(tmp_path):
     run = str(tmp_path / "run")
-    with L.RunLogger(run, total=3, progress_bar=True) as log:
+    with RunLogger(run, total=3, progress_bar=True) as log:
         log.log(1, {"charts/success": np.float32(0.25), "losses/kl": jnp.asarray(0.5),
                     "tokens_per_s": 100, "losses/pg": float("nan"), "stage": "w2-o3-q4"})
         log.log(2, {"charts/success": jnp.float32(0.5), "losses/pg": np.array([1.5])})
         with pytest.raises(TypeError, match="losses/pg"):
             log.log(3, {"losses/pg": np.zeros(3)})
-    rows = L.read_metrics(run)
+    rows = read_metrics(run)
     assert [r["step"] for r in rows] == [1, 2]
     assert rows[0]["charts/success"] == 0.25 and rows[0]["losses/kl"] == 0.5
     assert rows[0]["tokens_per_s"] == 100 and rows[0]["losses/pg"] is None
-    assert rows[0]["stage"] == "w2-o3-q4" and L.WALL_TIME in rows[0]
+    assert rows[0]["stage"] == "w2-o3-q4" and WALL_TIME in rows[0]
     assert rows[1]["losses/pg"] == 1.5
 
     tb = scalars(run)
@@ -107,7 +66,7 @@ def test_log_writes_jsonl_and_tensorboard(tmp_path):
 
 
 def test_progress_bar_postfix(tmp_path):
-    log = L.RunLogger(str(tmp_path), tensorboard=False, jsonl=False, total=5)
+    log = RunLogger(str(tmp_path), tensorboard=False, jsonl=False, total=5)
     log.log(3, {"charts/success": 0.5, "losses/entropy": 1.25, "other": 7})
     assert log._bar.n == 3
     postfix = log._bar.postfix
@@ -116,7 +75,7 @@ def test_progress_bar_postfix(tmp_path):
 
 
 def test_a_phase_has_its_own_bar_under_the_updates_one(tmp_path, capsys):
-    log = L.RunLogger(str(tmp_path), tensorboard=False, jsonl=False, total=5)
+    log = RunLogger(str(tmp_path), tensorboard=False, jsonl=False, total=5)
     with log.phase("SFT", 4, "epoch") as advance:
         advance()
         advance(2)
@@ -124,7 +83,7 @@ def test_a_phase_has_its_own_bar_under_the_updates_one(tmp_path, capsys):
     assert "SFT" in err and "3/4" in err and log._bar.n == 0
     log.close()
     capsys.readouterr()
-    quiet = L.RunLogger(str(tmp_path), tensorboard=False, jsonl=False, progress_bar=False)
+    quiet = RunLogger(str(tmp_path), tensorboard=False, jsonl=False, progress_bar=False)
     with quiet.phase("SFT", 4, "epoch") as advance:
         advance()  # no bar: nothing to move, nothing printed
     assert capsys.readouterr().err == ""
@@ -132,18 +91,18 @@ def test_a_phase_has_its_own_bar_under_the_updates_one(tmp_path, capsys):
 
 
 def test_save_config_and_write_eval(tmp_path):
-    log = L.RunLogger(str(tmp_path), tensorboard=False, progress_bar=False)
+    log = RunLogger(str(tmp_path), tensorboard=False, progress_bar=False)
     cfg = base.get_config()
     log.save_config(cfg)
-    with open(tmp_path / L.CONFIG_FILE) as f:
+    with open(tmp_path / CONFIG_FILE) as f:
         saved = json.load(f)
     assert saved["rollout"]["stop_strings"] == ["\n"]
     assert saved["rl"]["learning_rate"] == cfg.rl.learning_rate
 
-    log.write_eval("sft", L.success_ci([1, 0, 0, 0]))
+    log.write_eval("sft", success_ci([1, 0, 0, 0]))
     log.write_eval("rl", {"mean": np.float64(0.5), "n": np.int64(4)}, step=10)
-    log.write_eval("rl", L.success_ci([1, 1, 1, 0]), step=20)
-    with open(tmp_path / L.EVAL_FILE) as f:
+    log.write_eval("rl", success_ci([1, 1, 1, 0]), step=20)
+    with open(tmp_path / EVAL_FILE) as f:
         evals = json.load(f)
     assert evals["sft"]["mean"] == 0.25 and evals["rl"]["mean"] == 0.75
     assert evals["per_update"]["10"]["rl"] == {"mean": 0.5, "n": 4}
@@ -156,79 +115,40 @@ def test_truncate_on_resume_equals_uninterrupted(tmp_path):
         return {"charts/success": step / 10, "losses/pg": 1.0 / step}
 
     full = str(tmp_path / "full")
-    with L.RunLogger(full, progress_bar=False) as log:
+    with RunLogger(full, progress_bar=False) as log:
         for s in range(1, 9):
             log.log(s, metrics(s))
 
     run = str(tmp_path / "killed")
-    with L.RunLogger(run, progress_bar=False) as log:
+    with RunLogger(run, progress_bar=False) as log:
         for s in range(1, 7):  # checkpoint at 4, killed after logging 6
             log.log(s, metrics(s))
             if s == 4:
                 log.write_eval("rl", {"mean": 0.4}, step=4)
             if s == 6:
                 log.write_eval("rl", {"mean": 0.6}, step=6)
-    with open(os.path.join(run, L.METRICS_FILE), "a") as f:
+    with open(os.path.join(run, METRICS_FILE), "a") as f:
         f.write('{"step": 7, "charts/succ')  # a torn line, as SIGKILL leaves
-    with L.RunLogger(run, progress_bar=False, resume_step=4) as log:
+    with RunLogger(run, progress_bar=False, resume_step=4) as log:
         for s in range(5, 9):
             log.log(s, metrics(s))
 
     def strip(rows):
-        return [{k: v for k, v in r.items() if k != L.WALL_TIME} for r in rows]
+        return [{k: v for k, v in r.items() if k != WALL_TIME} for r in rows]
 
-    assert strip(L.read_metrics(run)) == strip(L.read_metrics(full))
+    assert strip(read_metrics(run)) == strip(read_metrics(full))
     # TensorBoard is told to drop the killed run's events after step 4.
     starts = [e.step for e in read_events(run) if e.session_log.status == 1]  # START
     assert starts == [5]
-    with open(os.path.join(run, L.EVAL_FILE)) as f:
+    with open(os.path.join(run, EVAL_FILE)) as f:
         assert set(json.load(f)["per_update"]) == {"4"}
-
-
-def test_plot_writes_pngs_skipping_nan(tmp_path):
-    run = str(tmp_path)
-    with L.RunLogger(run, tensorboard=False, progress_bar=False) as log:
-        for s in range(1, 6):
-            log.log(s, {"charts/success": s / 5, "losses/pg": float("nan") if s == 3 else -s,
-                        "losses/kl": 0.1 * s, "return_mean": s})
-        paths = log.plot()
-    names = sorted(os.path.basename(p) for p in paths)
-    assert names == ["charts.png", "losses.png"]
-    for p in paths:
-        with open(p, "rb") as f:
-            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
-    only = L.plot_metrics(run, keys=["losses/kl"])
-    assert [os.path.basename(p) for p in only] == ["losses.png"]
 
 
 def test_non_main_process_writes_nothing(tmp_path):
     run = str(tmp_path / "run")
-    with L.RunLogger(run, is_main=False, total=3) as log:
+    with RunLogger(run, is_main=False, total=3) as log:
         assert log.log(1, {"charts/success": 1.0}) == {}
         log.save_config(base.get_config())
         log.write_eval("rl", {"mean": 1.0})
         assert log.plot() == []
     assert os.listdir(tmp_path) == []
-
-
-def test_a_fresh_run_sets_an_earlier_runs_files_aside(tmp_path):
-    run = tmp_path / "run"
-    assert L.set_aside_previous_run(str(run)) is None  # no directory yet
-    run.mkdir()
-    (run / "train.log").write_text("the sweep's log\n")
-    assert L.set_aside_previous_run(str(run)) is None  # no run in it yet
-    with L.RunLogger(str(run), total=1, progress_bar=False) as log:
-        log.log(1, {"loss": 1.0})
-        log.write_eval("rl", {"mean": 0.5})
-    (run / "checkpoints" / "1").mkdir(parents=True)
-    before = sorted(os.listdir(run))
-
-    moved = L.set_aside_previous_run(str(run))
-
-    assert moved is not None and os.path.dirname(moved) == str(run / "previous")
-    assert sorted(os.listdir(run)) == ["previous", "train.log"]  # the sweep's log stays
-    assert sorted(os.listdir(moved)) == [n for n in before if n != "train.log"]
-    assert L.read_metrics(moved)[0]["loss"] == 1.0  # nothing lost
-    with L.RunLogger(str(run), total=1, progress_bar=False) as log:
-        log.log(1, {"loss": 2.0})
-    assert [r["loss"] for r in L.read_metrics(str(run))] == [2.0]

@@ -270,7 +270,7 @@ def _comparable(rows):
 @pytest.mark.slow
 def test_two_process_train_writes_one_set_of_outputs(train_runs):
     from jaxrl_agents.checkpoint import Checkpointer
-    from jaxrl_agents.logging import read_metrics
+    from jaxrl_agents.run_records import read_metrics
 
     out, logs = train_runs
     run = out / "multi"
@@ -292,7 +292,7 @@ def test_two_process_train_writes_one_set_of_outputs(train_runs):
 
 @pytest.mark.slow
 def test_two_process_train_matches_one_process(train_runs):
-    from jaxrl_agents.logging import read_metrics
+    from jaxrl_agents.run_records import read_metrics
 
     out, _ = train_runs
     multi = _comparable(read_metrics(str(out / "multi")))
@@ -314,7 +314,7 @@ def test_two_process_train_matches_one_process(train_runs):
 @pytest.mark.slow
 def test_two_process_train_resumes_from_its_checkpoint(train_runs):
     from jaxrl_agents.checkpoint import Checkpointer
-    from jaxrl_agents.logging import read_metrics
+    from jaxrl_agents.run_records import read_metrics
 
     out, _ = train_runs
     shutil.copytree(out / "multi", out / "resumed")

@@ -22,19 +22,20 @@ import numpy as np
 from flax import nnx
 
 from envs.action_space import ActionStaging
-from jaxrl_agents import compile_cache, distributed, monitors, preflight, reward_model, seed_stats
+from jaxrl_agents import compile_cache, distributed, monitors, preflight, reward_model
 from jaxrl_agents import rewards as reward_lib
+from jaxrl_agents import stats as seed_stats
 from jaxrl_agents.checkpoint import Checkpointer
 from jaxrl_agents.data.selection import filter_groups
-from jaxrl_agents.logging import (
+from jaxrl_agents.logging import RunLogger
+from jaxrl_agents.run_records import (
     CHECKPOINT_DIR,
     SUMMARY_FILE,
     TRAJECTORIES_FILE,
-    RunLogger,
-    clustered_success_ci,
     set_aside_previous_run,
 )
 from jaxrl_agents.sharding import make_mesh
+from jaxrl_agents.stats import clustered_success_ci
 from jaxrl_agents.trainer import setup, shares
 from jaxrl_agents.trainer.rl import make_learner
 from jaxrl_agents.trainer.sft import SFTTrainer

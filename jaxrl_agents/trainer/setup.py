@@ -11,10 +11,10 @@ import numpy as np
 from flax import nnx
 
 import envs
-from jaxrl_agents.logging import TOKENIZER_DIR
 from jaxrl_agents.models import build_actor_critic, build_policy
 from jaxrl_agents.models.tokenizer import load_tokenizer, train_tokenizer
 from jaxrl_agents.rollout import DEFAULT_SYSTEM_PROMPT, EpisodeDriver, grouped_specs
+from jaxrl_agents.run_records import TOKENIZER_DIR
 from jaxrl_agents.trainer.tasks import eval_only_tasks, run_tasks, task_specs
 
 # Families whose games are generated files worth making in parallel before the pool starts.

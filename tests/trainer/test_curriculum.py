@@ -9,7 +9,7 @@ import pytest
 from configs.base import get_config
 from jaxrl_agents.config import load_config
 from jaxrl_agents.data import Trajectory
-from jaxrl_agents.logging import read_metrics
+from jaxrl_agents.run_records import read_metrics
 from jaxrl_agents.trainer.curriculum import DEMOTE, PROMOTE, Curriculum
 from jaxrl_agents.trainer.loop import train
 from tests.trainer.helpers import toy_schedule

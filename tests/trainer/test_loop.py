@@ -10,7 +10,7 @@ import time
 import pytest
 
 from jaxrl_agents.config import ConfigError, load_config
-from jaxrl_agents.logging import read_metrics
+from jaxrl_agents.run_records import read_metrics
 from jaxrl_agents.trainer.loop import even_chunk, train
 
 TIMING_KEYS = ("wall_time", "perf/", "rollout/wall_s", "rollout/model_s", "_frac")

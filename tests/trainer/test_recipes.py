@@ -12,7 +12,7 @@ import os
 import pytest
 
 from jaxrl_agents.config import load_config
-from jaxrl_agents.logging import read_metrics
+from jaxrl_agents.run_records import read_metrics
 from jaxrl_agents.trainer.loop import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -1,19 +1,88 @@
-"""Scores over seeds: a sweep's runs grouped into arms, an arm's mean over its seeds with
-a t interval, and the paired difference of two arms seed by seed.
+"""Statistics of held-out success (NumPy and SciPy on the host; the masked reductions
+of the jitted kernels are `kernels/stats.py`).
 
-A run's held-out interval (`logging.success_ci`) is over the games of that one run. Over
-seeds the unit is the run: the seed picks the games and the initialisation, so the
-spread between seeds is the one a claim has to beat. Two arms' runs of the same seed
-share their games and their starting weights, which is why they are compared in pairs.
+- One run: success over its games with a Wilson interval (`success_ci`), or with an
+  interval over games when each game was played several times (`clustered_success_ci`).
+- Over seeds: a sweep's runs grouped into arms (`split_seed`, `by_arm`), an arm's mean
+  over its seeds with a t interval (`t_interval`), and the paired difference of two arms
+  seed by seed (`paired_difference`). The seed picks the games and the initialisation,
+  so the spread between seeds is the one a claim has to beat; two arms' runs of the same
+  seed share their games and their starting weights, which is why they are paired.
+- Two evaluations game by game: the games only one of them won, with McNemar's exact
+  test (`paired_games`, `mcnemar_exact`).
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import numpy as np
+
+Z95 = 1.959963984540054  # the normal quantile of a two-sided 95% interval
+
+
+# --- one run: success over its games ----------------------------------------------------
+
+
+def success_ci(successes: Iterable, z: float = Z95) -> dict:
+    """Success rate with a Wilson score interval (95% by default).
+
+    successes: one bool / 0-1 value per game. Returns
+    {"mean", "n", "ci_low", "ci_high"}; with no games, mean is None and the interval [0, 1].
+    """
+    s = np.asarray(list(successes), np.float64).ravel()
+    n = int(s.size)
+    if n == 0:
+        return {"mean": None, "n": 0, "ci_low": 0.0, "ci_high": 1.0}
+    if not np.all((s == 0) | (s == 1)):
+        raise ValueError("success_ci expects 0/1 (or bool) outcomes")
+    p = float(s.mean())
+    denom = 1.0 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return {
+        "mean": p,
+        "n": n,
+        "ci_low": max(0.0, min(p, centre - half)),  # min/max: rounding at k = 0 or n
+        "ci_high": min(1.0, max(p, centre + half)),
+    }
+
+
+def clustered_success_ci(successes: Iterable, games: Iterable, z: float = Z95) -> dict:
+    """Success rate of several episodes per game, with a 95% interval over games.
+
+    Episodes of one game are not independent, so the interval is a normal one on the
+    per-game success rates: mean +- z * sd(rates) / sqrt(number of games), clipped to
+    [0, 1] (the Wilson interval of `success_ci` when every game was played once).
+    successes: one 0/1 value per episode; games: the game of each episode, same length.
+    Returns success_ci's keys, plus "games" (distinct games) and "samples_per_game" when
+    games were played more than once.
+    """
+    s = np.asarray(list(successes), np.float64).ravel()
+    labels = list(games)
+    if len(labels) != s.size:
+        raise ValueError(f"{s.size} outcomes but {len(labels)} game labels")
+    per_game: dict = {}
+    for label, won in zip(labels, s):
+        per_game.setdefault(label, []).append(won)
+    counts = {len(v) for v in per_game.values()}
+    if len(counts) > 1:
+        raise ValueError(f"games were played unequal numbers of times: {sorted(counts)}")
+    if counts == {1} or not per_game:
+        return success_ci(s, z)
+    if not np.all((s == 0) | (s == 1)):
+        raise ValueError("clustered_success_ci expects 0/1 (or bool) outcomes")
+    rates = np.array([np.mean(v) for v in per_game.values()])
+    p = float(rates.mean())
+    half = z * float(rates.std(ddof=1)) / math.sqrt(rates.size) if rates.size > 1 else 1.0
+    return {"mean": p, "n": int(s.size), "ci_low": max(0.0, p - half),
+            "ci_high": min(1.0, p + half), "games": int(rates.size),
+            "samples_per_game": counts.pop()}
+
+
+# --- over seeds: arms, t intervals, paired differences -----------------------------------
 
 SEED_PART = re.compile(r"(?:^|,)seed=(-?\d+)(?=,|$)")
 
@@ -32,7 +101,7 @@ def t_interval(values, confidence: float = 0.95, bounds=(0.0, 1.0)) -> dict:
     """Mean of `values` (one per seed) with a Student-t interval over them, clipped to
     `bounds`: {"mean", "seeds", "ci_low", "ci_high"}; the interval is None below two
     values. With three seeds the half-width is 4.30 standard errors."""
-    from scipy import stats
+    from scipy import stats as scipy_stats  # here: SciPy takes a second to import
 
     x = np.asarray(list(values), np.float64).ravel()
     if x.size == 0:
@@ -40,7 +109,7 @@ def t_interval(values, confidence: float = 0.95, bounds=(0.0, 1.0)) -> dict:
     mean = float(x.mean())
     if x.size < 2:
         return {"mean": mean, "seeds": 1, "ci_low": None, "ci_high": None}
-    quantile = float(stats.t.ppf(0.5 + confidence / 2, x.size - 1))
+    quantile = float(scipy_stats.t.ppf(0.5 + confidence / 2, x.size - 1))
     half = quantile * float(x.std(ddof=1)) / math.sqrt(x.size)
     low, high = bounds
     return {"mean": mean, "seeds": int(x.size), "ci_low": max(low, mean - half),
@@ -70,6 +139,9 @@ def paired_difference(a: Mapping[int, float], b: Mapping[int, float],
         return None
     diffs = {seed: a[seed] - b[seed] for seed in common}
     return {**t_interval(diffs.values(), confidence, bounds=(-1.0, 1.0)), "per_seed": diffs}
+
+
+# --- two evaluations game by game -------------------------------------------------------
 
 
 def mcnemar_exact(only_a: int, only_b: int) -> float:

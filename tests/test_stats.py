@@ -1,12 +1,57 @@
-"""Scores over seeds: arms from run names, t intervals, paired differences, and the
-sweep report's table of them."""
+"""Statistics of held-out success: Wilson and clustered intervals of one run, arms from
+run names, t intervals and paired differences over seeds, and the sweep report's table of
+them; McNemar's exact test of two evaluations game by game."""
+
+import math
 
 import numpy as np
 import pytest
 
-from jaxrl_agents import seed_stats
+from jaxrl_agents import stats
 from jaxrl_agents import sweep as sweep_lib
 from tests.test_sweep import _score
+
+
+def test_success_ci_wilson_known_values():
+    got = stats.success_ci([1] * 8 + [0] * 2)
+    assert got["n"] == 10 and got["mean"] == 0.8
+    assert got["ci_low"] == pytest.approx(0.4902, abs=1e-4)
+    assert got["ci_high"] == pytest.approx(0.9433, abs=1e-4)
+    # Formula check against a direct evaluation for many (k, n).
+    z = 1.959963984540054
+    for n in (1, 7, 100):
+        for k in (0, n // 3, n):
+            p = k / n
+            c = (p + z * z / (2 * n)) / (1 + z * z / n)
+            h = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+            r = stats.success_ci([True] * k + [False] * (n - k))
+            assert r["ci_low"] == pytest.approx(max(0.0, c - h), abs=1e-12)
+            assert r["ci_high"] == pytest.approx(min(1.0, c + h), abs=1e-12)
+            assert r["ci_low"] <= r["mean"] <= r["ci_high"]
+    assert stats.success_ci([]) == {"mean": None, "n": 0, "ci_low": 0.0, "ci_high": 1.0}
+    with pytest.raises(ValueError):
+        stats.success_ci([0.5])
+
+
+def test_clustered_success_ci_is_an_interval_over_games():
+    rng = np.random.default_rng(0)
+    games = np.repeat(np.arange(40), 3)  # 40 games, 3 episodes each, shuffled below
+    won = rng.random(120) < np.repeat(rng.random(40), 3)
+    order = rng.permutation(120)
+    got = stats.clustered_success_ci(won[order], games[order])
+    rates = won.reshape(40, 3).mean(axis=1)
+    half = 1.959963984540054 * rates.std(ddof=1) / math.sqrt(40)
+    assert got["mean"] == pytest.approx(won.mean())
+    assert got["ci_low"] == pytest.approx(max(0.0, rates.mean() - half))
+    assert got["ci_high"] == pytest.approx(min(1.0, rates.mean() + half))
+    assert (got["n"], got["games"], got["samples_per_game"]) == (120, 40, 3)
+    # One episode per game: exactly the Wilson interval of success_ci.
+    once = [True, False, True, True, False]
+    assert stats.clustered_success_ci(once, "abcde") == stats.success_ci(once)
+    with pytest.raises(ValueError, match="unequal"):
+        stats.clustered_success_ci([True, False, True], ["a", "a", "b"])
+    with pytest.raises(ValueError, match="labels"):
+        stats.clustered_success_ci([True, False], ["a"])
 
 
 @pytest.mark.parametrize(
@@ -22,7 +67,7 @@ from tests.test_sweep import _score
     ],
 )
 def test_split_seed(name, want):
-    assert seed_stats.split_seed(name) == want
+    assert stats.split_seed(name) == want
 
 
 def test_t_interval_matches_a_hand_computed_one():
@@ -32,31 +77,31 @@ def test_t_interval_matches_a_hand_computed_one():
         # Student t quantiles at 0.975 for 1, 2 and 4 degrees of freedom.
         t = {2: 12.706204736, 3: 4.302652730, 5: 2.776445105}[k]
         half = t * x.std(ddof=1) / np.sqrt(k)
-        got = seed_stats.t_interval(x, bounds=(-10, 10))
+        got = stats.t_interval(x, bounds=(-10, 10))
         assert got["seeds"] == k
         np.testing.assert_allclose([got["mean"], got["ci_low"], got["ci_high"]],
                                    [x.mean(), x.mean() - half, x.mean() + half], rtol=1e-8)
-    clipped = seed_stats.t_interval([0.0, 0.9])
+    clipped = stats.t_interval([0.0, 0.9])
     assert clipped["ci_low"] == 0.0 and clipped["ci_high"] == 1.0
-    assert seed_stats.t_interval([0.4]) == {"mean": 0.4, "seeds": 1, "ci_low": None,
-                                            "ci_high": None}
+    assert stats.t_interval([0.4]) == {"mean": 0.4, "seeds": 1, "ci_low": None,
+                                       "ci_high": None}
     with pytest.raises(ValueError):
-        seed_stats.t_interval([])
+        stats.t_interval([])
 
 
 def test_arms_and_paired_differences():
-    arms = seed_stats.by_arm({"a,seed=0": 0.5, "b,seed=0": 0.7, "a,seed=1": 0.4,
-                              "b,seed=1": 0.5, "b,seed=2": 0.9})  # fmt: skip
+    arms = stats.by_arm({"a,seed=0": 0.5, "b,seed=0": 0.7, "a,seed=1": 0.4,
+                         "b,seed=1": 0.5, "b,seed=2": 0.9})  # fmt: skip
     assert arms == {"a": {0: 0.5, 1: 0.4}, "b": {0: 0.7, 1: 0.5, 2: 0.9}}
-    diff = seed_stats.paired_difference(arms["b"], arms["a"])
+    diff = stats.paired_difference(arms["b"], arms["a"])
     assert diff["seeds"] == 2 and diff["per_seed"] == pytest.approx({0: 0.2, 1: 0.1})
     assert diff["mean"] == pytest.approx(0.15)
     # differences 0.2 and 0.1: standard error 0.05, t(1 df) 12.706
     assert diff["ci_low"] == pytest.approx(0.15 - 12.706204736 * 0.05)
     assert diff["ci_high"] == pytest.approx(0.15 + 12.706204736 * 0.05)
-    assert seed_stats.paired_difference({0: 0.1}, {1: 0.2}) is None
+    assert stats.paired_difference({0: 0.1}, {1: 0.2}) is None
     with pytest.raises(ValueError, match="seed 0"):
-        seed_stats.by_arm({"a,seed=0": 0.1, "seed=0,a": 0.2})
+        stats.by_arm({"a,seed=0": 0.1, "seed=0,a": 0.2})
 
 
 def test_a_sweep_summary_over_seeds():
@@ -110,17 +155,17 @@ def test_the_chart_adds_a_panel_over_seeds_when_an_arm_has_two(tmp_path):
 
 @pytest.mark.parametrize("only_a,only_b", [(0, 0), (3, 0), (9, 4), (4, 9), (2, 15), (30, 31)])
 def test_mcnemar_exact_is_scipys_two_sided_binomial_test_at_one_half(only_a, only_b):
-    from scipy import stats
+    from scipy import stats as scipy_stats
 
-    from jaxrl_agents.seed_stats import mcnemar_exact
+    from jaxrl_agents.stats import mcnemar_exact
 
-    expected = 1.0 if only_a + only_b == 0 else stats.binomtest(
+    expected = 1.0 if only_a + only_b == 0 else scipy_stats.binomtest(
         only_a, only_a + only_b, 0.5).pvalue
     assert mcnemar_exact(only_a, only_b) == pytest.approx(expected, rel=1e-12)
 
 
 def test_paired_games_counts_the_games_each_stage_alone_won():
-    from jaxrl_agents.seed_stats import format_paired_games, paired_games
+    from jaxrl_agents.stats import format_paired_games, paired_games
 
     # 10 games both played (g9, g10 are one-sided and left out): 2 won by both, 1 only
     # before, 5 only after
