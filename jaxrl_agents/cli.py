@@ -182,7 +182,7 @@ def eval_main(argv=None) -> int:
     return 0
 
 
-SWEEP_HELP = """Run a sweep: one base config, many runs (see jaxrl_agents/sweep.py).
+SWEEP_HELP = """Run a sweep: one base config, many runs (see jaxrl_agents/sweep/).
 
   jaxrl-sweep --sweep configs/sweeps/toy_lr.py [--parallel N] [--print-commands] [--dry-run]
   jaxrl-sweep --sweep configs/sweeps/toy_lr.py --report   # summarize the runs on disk
@@ -225,37 +225,35 @@ def sweep_main(argv=None) -> int:
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if args.parallel < 1:
         parser.error("--parallel must be at least 1")
-    from jaxrl_agents import sweep as sweep_lib
+    from jaxrl_agents.sweep import chart, expand, launch, report
 
     try:
-        sweep = sweep_lib.load_sweep(args.sweep)
-        root = args.output_dir or sweep_lib.default_root(sweep)
-        sweep_lib.validate(sweep, root)
-        earlier = sweep_lib.load_earlier(args.earlier, sweep) if args.earlier else None
+        sweep = expand.load_sweep(args.sweep)
+        root = args.output_dir or expand.default_root(sweep)
+        expand.validate(sweep, root)
+        earlier = report.load_earlier(args.earlier, sweep) if args.earlier else None
     except ConfigError as err:
         print(f"jaxrl-sweep: {err}", file=sys.stderr)
         return 2
     if args.print_commands or args.dry_run:
-        lines = (sweep_lib.command_lines if args.print_commands else sweep_lib.plan_lines)(
-            sweep, root
-        )
+        lines = (launch.command_lines if args.print_commands else launch.plan_lines)(sweep, root)
         print("\n".join(lines))
         return 0
     if args.report:
-        results = sweep_lib.existing_results(sweep, root)
+        results = launch.existing_results(sweep, root)
     else:
-        results = sweep_lib.run_sweep(sweep, root, parallel=args.parallel)
-    summary = sweep_lib.summarize(sweep, results)
+        results = launch.run_sweep(sweep, root, parallel=args.parallel)
+    summary = report.summarize(sweep, results)
     if earlier:
-        summary = sweep_lib.with_earlier_runs(summary, earlier)
-    summary["over_seeds"] = sweep_lib.over_seeds(summary)
-    path = sweep_lib.write_summary(summary, root)
-    print(sweep_lib.format_table(summary))
-    print(sweep_lib.format_seed_table(summary["over_seeds"]))
-    for line in sweep_lib.paired_game_lines(summary):
+        summary = report.with_earlier_runs(summary, earlier)
+    summary["over_seeds"] = report.over_seeds(summary)
+    path = report.write_summary(summary, root)
+    print(report.format_table(summary))
+    print(report.format_seed_table(summary["over_seeds"]))
+    for line in report.paired_game_lines(summary):
         print(line)
     print(f"sweep summary: {path}")
-    plot = sweep_lib.plot_summary(summary, os.path.join(os.path.dirname(path), sweep_lib.PLOT_FILE))
+    plot = chart.plot_summary(summary, os.path.join(os.path.dirname(path), chart.PLOT_FILE))
     if plot:
         print(f"plot: {plot}")
     failed = [r for r in results if r["status"] == "failed"]

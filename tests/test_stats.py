@@ -1,6 +1,6 @@
 """Statistics of held-out success: Wilson and clustered intervals of one run, arms from
-run names, t intervals and paired differences over seeds, and the sweep report's table of
-them; McNemar's exact test of two evaluations game by game."""
+run names, t intervals and paired differences over seeds, McNemar's exact test of two
+evaluations game by game (the sweep report's table over seeds is tests/sweep/)."""
 
 import math
 
@@ -8,8 +8,6 @@ import numpy as np
 import pytest
 
 from jaxrl_agents import stats
-from jaxrl_agents import sweep as sweep_lib
-from tests.test_sweep import _score
 
 
 def test_success_ci_wilson_known_values():
@@ -102,55 +100,6 @@ def test_arms_and_paired_differences():
     assert stats.paired_difference({0: 0.1}, {1: 0.2}) is None
     with pytest.raises(ValueError, match="seed 0"):
         stats.by_arm({"a,seed=0": 0.1, "seed=0,a": 0.2})
-
-
-def test_a_sweep_summary_over_seeds():
-    """Two arms of three seeds; the second arm's SFT is missing at seed 2, and the
-    report task picks the per-task entries of the run that played two tasks."""
-    runs = [
-        {"name": "direct,seed=0", "sft": _score(0.40), "rl": _score(0.42)},
-        {"name": "curriculum,seed=0", "sft": _score(0.9), "rl": _score(0.9),
-         "sft:t:hard": _score(0.44), "rl:t:hard": _score(0.43)},
-        {"name": "direct,seed=1", "sft": _score(0.37), "rl": _score(0.40)},
-        {"name": "curriculum,seed=1", "sft": _score(0.36), "rl": _score(0.37)},
-        {"name": "direct,seed=2", "sft": _score(0.50), "rl": _score(0.55)},
-        {"name": "curriculum,seed=2", "rl": _score(0.60)},
-    ]  # fmt: skip
-    seeds = sweep_lib.over_seeds({"runs": runs, "report_task": "t:hard"})
-    direct, curriculum = seeds["arms"]["direct"], seeds["arms"]["curriculum"]
-    assert direct["rl"]["mean"] == pytest.approx((0.42 + 0.40 + 0.55) / 3)
-    assert direct["rl"]["seeds"] == 3 and curriculum["sft"]["seeds"] == 2
-    assert curriculum["sft"]["per_seed"] == {0: 0.44, 1: 0.36}
-    assert seeds["rl_gain"]["curriculum"]["per_seed"] == pytest.approx({0: -0.01, 1: 0.01})
-    diff = seeds["difference"]
-    assert (diff["first"], diff["second"]) == ("direct", "curriculum")
-    assert diff["rl"]["per_seed"] == pytest.approx({0: 0.01, 1: -0.03, 2: 0.05})
-    assert diff["sft"]["seeds"] == 2
-    table = sweep_lib.format_seed_table(seeds)
-    assert "curriculum - direct after RL, paired by seed: +0.010" in table
-    assert table.splitlines()[1].startswith("direct ")
-
-    three = sweep_lib.over_seeds({"runs": [{"name": f"{a},seed=0", "rl": _score(0.5)}
-                                           for a in "abc"]})  # fmt: skip
-    assert "difference" not in three and list(three["arms"]) == ["a", "b", "c"]
-    assert "(1 seed)" in sweep_lib.format_seed_table(three)
-
-
-def test_the_chart_adds_a_panel_over_seeds_when_an_arm_has_two(tmp_path):
-    from PIL import Image
-
-    runs = [{"name": f"{arm},seed={seed}", "sft": _score(0.3 + 0.1 * seed), "rl": _score(0.5)}
-            for arm in ("a", "b") for seed in (0, 1)]  # fmt: skip
-    first_seeds = [r for r in runs if r["name"].endswith("seed=0")]
-    widths = {}
-    for label, rows in (("plain", runs), ("one seed", first_seeds), ("two seeds", runs)):
-        summary = {"sweep": "s", "runs": rows}
-        if label != "plain":
-            summary["over_seeds"] = sweep_lib.over_seeds(summary)
-        path = sweep_lib.plot_summary(summary, str(tmp_path / f"{label}.png"))
-        widths[label] = Image.open(path).size[0]
-    assert widths["two seeds"] > widths["plain"] + 300  # the panel of the two arms
-    assert widths["one seed"] < widths["plain"]  # one seed an arm: no second panel
 
 
 @pytest.mark.parametrize("only_a,only_b", [(0, 0), (3, 0), (9, 4), (4, 9), (2, 15), (30, 31)])
