@@ -336,6 +336,17 @@ class EpisodeDriver:
         self.last_stats = self._stats(trajectories, timer)
         return trajectories
 
+    @property
+    def groups_used(self) -> int:
+        """Group ids handed out so far: the next `run` numbers its groups from this one."""
+        return self._groups_used
+
+    def number_groups_from(self, first: int) -> None:
+        """The next `run`'s first group gets id `first`. A resumed run continues its
+        counter; the processes of a multi-host run number their shares apart, so group ids
+        stay unique over every process's episodes."""
+        self._groups_used = int(first)
+
     # -- setup
 
     def _reset(self, env_ids, seeds, timer: _Timer) -> list[_Episode]:

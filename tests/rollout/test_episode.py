@@ -228,6 +228,10 @@ def test_group_ids(model, tokenizer, pool):
     trajs = d.run([4, 5], forced_actions="gold")
     assert [t.group_id for t in trajs] == [0, 0] and trajs[0].task_id == trajs[1].task_id
     assert [t.group_id for t in d.run([4, 5], forced_actions="gold")] == [1, 1]
+    assert d.groups_used == 2
+    d.number_groups_from(7)  # as a resumed run or another process's share starts
+    assert [t.group_id for t in d.run([4, 5], forced_actions="gold")] == [7, 7]
+    assert d.groups_used == 8
     with pytest.raises(ValueError, match="different tasks"):
         d.run([0, 1], forced_actions="gold")
     with pytest.raises(ValueError, match="whole number of groups"):
