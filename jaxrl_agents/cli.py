@@ -65,7 +65,8 @@ def train_main(argv=None) -> int:
 
     distributed.maybe_initialize(cfg)  # multi-host: before any other JAX call
     from jaxrl_agents.preflight import MemoryCheckError
-    from jaxrl_agents.trainer.loop import format_summary, train, write_summary
+    from jaxrl_agents.trainer.loop import train
+    from jaxrl_agents.trainer.summary import format_summary, write_summary
 
     try:
         summary = train(cfg, resume=args.resume)
@@ -139,7 +140,7 @@ def eval_main(argv=None) -> int:
 
     try:
         args, cfg = _parse(sys.argv[1:] if argv is None else argv, EVAL_HELP, extra)
-        from jaxrl_agents.trainer.loop import check_eval_sampling
+        from jaxrl_agents.trainer.evaluation import check_eval_sampling
 
         try:
             check_eval_sampling(args.temperature, args.samples)

@@ -349,7 +349,7 @@ def sft_residual_bytes(mc: ModelConfig, rows: int, length: int, target: str,
 
 def warmup_phases(cfg) -> list[tuple[str, int, int, str, int | None]]:
     """The supervised phases before RL: (name, micro-batch rows, tokens per row, SFT
-    target, choice width), as `Trainer.run_pretrain` and `run_sft` set up their
+    target, choice width), as `supervised.run_pretrain` and `run_sft` set up their
     `SFTTrainer`s (one micro-batch is batch_size / grad_accum rows, rounded up)."""
     length = bucket(cfg.rollout.max_context, cfg.rollout.length_buckets)
     width = cfg.rollout.choice_width if cfg.rollout.constrain_actions else None

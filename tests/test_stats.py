@@ -137,7 +137,7 @@ def test_run_summary_and_jaxrl_eval_compare_stages_game_by_game(tmp_path, capsys
     import types
 
     from jaxrl_agents.cli import _print_comparison
-    from jaxrl_agents.trainer.loop import format_summary
+    from jaxrl_agents.trainer.summary import format_summary
 
     sft = {"mean": 0.25, "ci_low": 0.1, "ci_high": 0.5, "n": 4,
            "per_game": {"0": 1.0, "1": 0.0, "2": 0.0, "3": 0.0}}

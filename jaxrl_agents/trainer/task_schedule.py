@@ -1,11 +1,16 @@
-"""Which tasks an update plays and with which step budgets: the curriculum, step budgets and
-task mixing put together for the outer loop.
+"""Which tasks an update plays, with which step budgets and which verbs: the curriculum, step
+budgets, task mixing and action-space staging put together for the outer loop.
 
-    schedule = TaskSchedule(cfg, layout, pool.tasks)
+    schedule = TaskSchedule(cfg, layout, pool.tasks, staging)
     plan = schedule.plan(update)                        # env ids + a step budget per episode
     trajs = driver.run(plan.env_ids, key, max_steps=plan.max_steps)
-    metrics = schedule.observe(update, trajs)           # success per task; epoch decisions
+    feedback = schedule.observe(update, trajs)          # success per task; epoch decisions
+    for event in feedback.events: ...                   # Promoted, Demoted, ActionStageAdvanced
     for key, ids in schedule.due_evaluations(update): ...
+
+The schedule decides and reports; it acts on nothing outside itself. Its decisions reach
+the loop as typed events (EWC consolidates on `Promoted`, the env pool is rebuilt on
+`ActionStageAdvanced`), its figures as metrics.
 
 A batch has `episodes_per_batch / group_size` task slots. With neither the curriculum nor
 mixing on, they are drawn uniformly over the train tasks without repeats (as the loop
@@ -17,7 +22,9 @@ weight with mixing on, else the core task). Draws depend only on
 
 An epoch is `rl.episodes_per_epoch / rollout.episodes_per_batch` updates. At the end of
 each, the curriculum sees the current stage's success and the step budget each task's
-(episodes that failed from env faults do not count).
+(episodes that failed from env faults do not count). With action-space staging on
+(`action_space.staging`), every `action_space.advance_every_epochs` epochs the training
+success over them decides whether the next stage's verbs are allowed.
 """
 
 from __future__ import annotations
@@ -26,8 +33,9 @@ import dataclasses
 
 import numpy as np
 
+from envs.action_space import ActionStaging
 from jaxrl_agents.trainer.budget import StepBudget
-from jaxrl_agents.trainer.curriculum import Curriculum
+from jaxrl_agents.trainer.curriculum import PROMOTE, Curriculum
 from jaxrl_agents.trainer.mixing import TaskMixer, compose_batch
 from jaxrl_agents.trainer.tasks import core_task, parse_task
 
@@ -40,13 +48,51 @@ class Plan:
     max_steps: list[int | None] | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class Promoted:
+    """The curriculum moved up to stage `stage` (index into its stages), task `task`."""
+
+    stage: int
+    task: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Demoted:
+    """The curriculum moved back to stage `stage`, task `task`."""
+
+    stage: int
+    task: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ActionStageAdvanced:
+    """Action-space staging moved to stage `stage`: the envs must be rebuilt to offer
+    `verbs` (None: every verb)."""
+
+    stage: int
+    verbs: tuple[str, ...] | None
+
+
+Event = Promoted | Demoted | ActionStageAdvanced
+
+
+@dataclasses.dataclass
+class Feedback:
+    """What the schedule made of an update: figures to log, decisions to act on (in the
+    order taken: curriculum first, then action staging)."""
+
+    metrics: dict[str, float]
+    events: list[Event]
+
+
 class TaskSchedule:
     """Plans each update's tasks from the curriculum, mixture and step budgets of `cfg`.
 
     layout: the run's `setup.EnvLayout`. tasks: the pool's TaskSpecs (optimal steps per id).
+    staging: the `ActionStaging` the pool was built with (None: every verb, always).
     """
 
-    def __init__(self, cfg, layout, tasks):
+    def __init__(self, cfg, layout, tasks, staging: ActionStaging | None = None):
         self.layout = layout
         self.seed = cfg.seed
         self.num_slots = max(cfg.rollout.episodes_per_batch // layout.group_size, 1)
@@ -64,6 +110,9 @@ class TaskSchedule:
             self.mixer = TaskMixer(names, cfg.mixing.weights, core_share=cfg.mixing.core_share)
         self.env_task = core_task(cfg.env).key
         self.epoch_tally: dict[str, list[int]] = {}  # task -> [wins, episodes] this epoch
+        self.staging = staging
+        self.staging_period = self.updates_per_epoch * cfg.action_space.advance_every_epochs
+        self.advance_above = cfg.action_space.advance_above
 
     @property
     def main_task(self) -> str:
@@ -124,9 +173,17 @@ class TaskSchedule:
 
     # -- feedback
 
-    def observe(self, update: int, trajectories) -> dict[str, float]:
+    def observe(self, update: int, trajectories) -> Feedback:
         """Records an update's episodes; at an epoch's end lets the curriculum and the step
-        budget decide. Returns metrics (empty with every lever off)."""
+        budget decide, at a staging period's end the action staging. Returns the metrics
+        (empty with every lever off) and the decisions taken."""
+        events: list[Event] = []
+        metrics = self._observe_tasks(update, trajectories, events)
+        if self.staging is not None:
+            metrics.update(self._stage_actions(update, trajectories, events))
+        return Feedback(metrics, events)
+
+    def _observe_tasks(self, update: int, trajectories, events: list) -> dict[str, float]:
         tally = self._tally(trajectories)
         for key, (wins, episodes) in tally.items():
             total = self.epoch_tally.setdefault(key, [0, 0])
@@ -140,7 +197,7 @@ class TaskSchedule:
             self.mixer.record(played)
         metrics = {}
         if (update + 1) % self.updates_per_epoch == 0:
-            metrics.update(self._end_epoch(update // self.updates_per_epoch))
+            metrics.update(self._end_epoch(update // self.updates_per_epoch, events))
         if self.curriculum is None and self.mixer is None and self.budget is None:
             return metrics
         for key, (wins, episodes) in tally.items():
@@ -167,17 +224,42 @@ class TaskSchedule:
             counts[1] += 1
         return tally
 
-    def _end_epoch(self, epoch: int) -> dict[str, float]:
+    def _end_epoch(self, epoch: int, events: list) -> dict[str, float]:
         metrics = {}
         if self.curriculum is not None:
             wins, episodes = self.epoch_tally.get(self.curriculum.current, (0, 0))
             move = self.curriculum.observe(epoch, wins / episodes if episodes else None)
             if move is not None:
-                metrics["curriculum/move"] = 1.0 if move == "promote" else -1.0
+                moved = Promoted if move == PROMOTE else Demoted
+                events.append(moved(self.curriculum.stage, self.curriculum.current))
+                metrics["curriculum/move"] = 1.0 if move == PROMOTE else -1.0
         if self.budget is not None:
             self.budget.observe(epoch, {k: tuple(v) for k, v in self.epoch_tally.items()})
         self.epoch_tally = {}
         return metrics
+
+    def _stage_actions(self, update: int, trajectories, events: list) -> dict[str, float]:
+        """Tallies the update's training episodes (env faults aside) and, every
+        `staging_period` updates, moves to the next stage's verbs when their success
+        exceeded `advance_above`."""
+        played = [t for t in trajectories if not t.failed]
+        self.staging.record(sum(bool(t.won) for t in played), len(played))
+        if (update + 1) % self.staging_period == 0 and self.staging.decide(self.advance_above):
+            events.append(self._action_stage())
+        verbs = self.staging.allowed_verbs
+        return {"action_space/stage": self.staging.stage,
+                "action_space/verbs": len(verbs) if verbs is not None else -1}
+
+    def advance_action_stage(self) -> ActionStageAdvanced | None:
+        """Allows the next stage's verbs now, off the epoch clock; None when nothing
+        changed (staging off, or every verb allowed already)."""
+        if self.staging is None or not self.staging.advance():
+            return None
+        return self._action_stage()
+
+    def _action_stage(self) -> ActionStageAdvanced:
+        verbs = self.staging.allowed_verbs
+        return ActionStageAdvanced(self.staging.stage, None if verbs is None else tuple(verbs))
 
     def due_evaluations(self, update: int) -> list[tuple[str, list[int]]]:
         """(stage, held-out env ids) of every curriculum stage to evaluate after `update`."""

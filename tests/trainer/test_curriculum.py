@@ -12,6 +12,7 @@ from jaxrl_agents.data import Trajectory
 from jaxrl_agents.run_records import read_metrics
 from jaxrl_agents.trainer.curriculum import DEMOTE, PROMOTE, Curriculum
 from jaxrl_agents.trainer.loop import train
+from jaxrl_agents.trainer.task_schedule import Promoted
 from tests.trainer.helpers import toy_schedule
 
 STAGES = ["w2-o3-q4", "w8-o3-q4", "w2-o12-q4", "w4-o6-q8"]
@@ -146,10 +147,13 @@ def test_schedule_feeds_the_stage_success_to_the_curriculum_once_per_epoch():
     later = layout.groups["toy:count-4"].train_tasks
     wins = [episode(i, True) for i in stage0[:4]] + [episode(later[0], False)]
     faults = [episode(i, False, failed=True) for i in stage0[:8]]
-    metrics = schedule.observe(0, wins + faults)  # env faults count for nothing
-    assert metrics["tasks/toy/count-2/success"] == 1.0 and schedule.curriculum.stage == 0
-    metrics = schedule.observe(1, [episode(stage0[0], False)])  # epoch 0 ends: 4 of 5
+    feedback = schedule.observe(0, wins + faults)  # env faults count for nothing
+    assert feedback.metrics["tasks/toy/count-2/success"] == 1.0 and feedback.events == []
+    assert schedule.curriculum.stage == 0
+    feedback = schedule.observe(1, [episode(stage0[0], False)])  # epoch 0 ends: 4 of 5
+    metrics = feedback.metrics
     assert metrics["curriculum/move"] == 1.0 and metrics["curriculum/stage"] == 1
+    assert feedback.events == [Promoted(stage=1, task="toy:count-4")]
     assert schedule.due_evaluations(1) == []
     state = json.loads(json.dumps(schedule.state_dict()))
     again, _ = toy_schedule(*CURRICULUM, "rl.episodes_per_epoch=32")

@@ -11,7 +11,8 @@ import pytest
 
 from jaxrl_agents.config import ConfigError, load_config
 from jaxrl_agents.run_records import read_metrics
-from jaxrl_agents.trainer.loop import even_chunk, train
+from jaxrl_agents.trainer.evaluation import even_chunk
+from jaxrl_agents.trainer.loop import train
 
 TIMING_KEYS = ("wall_time", "perf/", "rollout/wall_s", "rollout/model_s", "_frac")
 

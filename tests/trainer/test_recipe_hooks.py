@@ -1,5 +1,5 @@
-"""The loop's group filter, novelty bonus, monitors and action-stage hook, in one tiny
-in-process toy run (one RL update)."""
+"""The collector's group filter and novelty bonus, the monitors and the schedule's action
+stages acted on by the loop, in one tiny in-process toy run (one RL update)."""
 
 import numpy as np
 import pytest
@@ -8,6 +8,7 @@ from jaxrl_agents.config import load_config
 from jaxrl_agents.logging import RunLogger
 from jaxrl_agents.trainer import setup
 from jaxrl_agents.trainer.loop import Trainer
+from jaxrl_agents.trainer.task_schedule import ActionStageAdvanced
 
 
 @pytest.mark.slow
@@ -37,7 +38,8 @@ def test_one_update_with_filter_bonus_monitors_and_stage_hook(tmp_path):
         lines = []
         trainer.logger = RunLogger(trainer.run_dir, tensorboard=False, progress_bar=False)
         trainer.logger.write = lines.append
-        trajs, batch = trainer.collect(0)
+        collection = trainer.collector.collect(0, trainer.schedule.plan(0), trainer.key)
+        trajs, batch = collection.trajectories, collection.batch
         assert len(trajs) == 8 and int(batch.row_valid.sum()) == 4  # 2 of 4 groups kept
         for t in trajs:  # the bonus: 0.1 on every action new to its episode (+ env reward)
             firsts = [a not in t.info["actions"][:k] for k, a in enumerate(t.info["actions"])]
@@ -50,12 +52,16 @@ def test_one_update_with_filter_bonus_monitors_and_stage_hook(tmp_path):
         assert metrics["action_space/stage"] == 0  # one update: no period ended yet
         old_pool = trainer.pool
         # The period so far holds update 1's 8 episodes; with 40 more won it is above 0.75.
-        trainer.staging.record(40, 40)
+        staging = trainer.schedule.staging
+        staging.record(40, 40)
         period = trainer.schedule.updates_per_epoch * cfg.action_space.advance_every_epochs
-        assert trainer.stage_actions(period - 1, [])["action_space/stage"] == 1
+        feedback = trainer.schedule.observe(period - 1, [])
+        assert feedback.metrics["action_space/stage"] == 1
+        assert feedback.events == [ActionStageAdvanced(1, tuple(staging.allowed_verbs))]
+        trainer.act_on(feedback.events, None)  # as rl_update does with the schedule's events
         assert trainer.pool is not old_pool and trainer.driver.pool is trainer.pool
         assert any("Action space: stage 1" in line for line in lines)
-        assert trainer.advance_action_stage() and trainer.staging.stage == 2
+        assert trainer.advance_action_stage() and staging.stage == 2
         assert len(trainer.pool.reset([0])) == 1
     finally:
         trainer.close()
