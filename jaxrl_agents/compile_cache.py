@@ -58,3 +58,24 @@ def release_if_near_limit(fraction: float = DEFAULT_FRACTION) -> bool:
                 "compiled programs, %s mappings left; the ones in use compile again",
                 count, limit, after)
     return True
+
+
+# Seconds JAX has spent lowering and compiling programs in this process, counted from its
+# compile events: the part of a phase's wall time that is compilation, not execution.
+_COMPILE_EVENTS = ("/jax/core/compile/jaxpr_to_mlir_module_duration",
+                   "/jax/core/compile/backend_compile_duration")
+_compile_seconds = [0.0]
+
+
+def _count_compile(event: str, duration: float, **_) -> None:
+    if event in _COMPILE_EVENTS:
+        _compile_seconds[0] += duration
+
+
+jax.monitoring.register_event_duration_secs_listener(_count_compile)
+
+
+def compile_seconds() -> float:
+    """Seconds spent lowering and compiling since the process started (take differences
+    around a phase to get its share)."""
+    return _compile_seconds[0]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,7 +27,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from jaxrl_agents import distributed, estimators, kernels, sharding
+from jaxrl_agents import compile_cache, distributed, estimators, kernels, sharding
 from jaxrl_agents.config import check_groups
 from jaxrl_agents.data import Batch, bucket
 from jaxrl_agents.models import lora
@@ -597,7 +598,10 @@ class RLLearner:
         num_mb = -(-rows // mb_size)  # the last minibatch is topped up, masked out (below)
         accum = self.grad_accum if mb_size % self.grad_accum == 0 else 1
         prepare_rows = self.prepare_rows or mb_size // accum
+        start, compiled = time.perf_counter(), compile_cache.compile_seconds()
         extras, prep_metrics = self._prepare(state, arrays, kl_coef, prepare_rows)
+        jax.block_until_ready(extras)
+        prepare_s = time.perf_counter() - start
         arrays.update(extras)
         policy_coef = jnp.float32(0.0 if self.updates < self.value_warmup_updates else 1.0)
         lengths, full = self._row_lengths(arrays), arrays["input_ids"].shape[1]
@@ -616,6 +620,11 @@ class RLLearner:
                 step_metrics.append(m)
         metrics = jax.device_get({**prep_metrics, **_mean_metrics(step_metrics)})
         metrics = {k: float(v) for k, v in metrics.items()}
+        # Where the update's time goes: the old-values / reference pass, the gradient steps,
+        # and the part of both that was compilation.
+        metrics["perf/prepare_s"] = prepare_s
+        metrics["perf/train_steps_s"] = time.perf_counter() - start - prepare_s
+        metrics["perf/learner_compile_s"] = compile_cache.compile_seconds() - compiled
         metrics["losses/skipped_total"] = float(state.skipped)
         num_tokens = int(jnp.sum(arrays["action_mask"]))
         metrics["kl/coef"] = self.kl.value
