@@ -234,7 +234,8 @@ def test_update_metrics_do_not_depend_on_the_prepare_chunks():
     (m8, p8), (m2, p2) = results
     assert m8.keys() == m2.keys()
     for k in m8:
-        assert m2[k] == pytest.approx(m8[k], rel=1e-5, abs=1e-6), k
+        if not k.startswith("perf/"):  # wall-clock timings
+            assert m2[k] == pytest.approx(m8[k], rel=1e-5, abs=1e-6), k
     for a, b in zip(p2, p8):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
