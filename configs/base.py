@@ -161,6 +161,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.learning_rate = 1e-6  # policy Adam learning rate
     c.rl.critic_learning_rate = 1e-5  # critic Adam learning rate
     c.rl.logits_chunk = 0  # logits made this many positions at a time (0 = all; big vocabularies)
+    # The policy's first k layers and the token embedding stay as they are in RL: their
+    # output is computed once per update and the gradient steps run only the layers above.
+    # Needs a value head on the policy's trunk, no LoRA.
+    c.rl.frozen_layers = 0  # layers kept fixed in RL (0 = every layer trains)
     c.rl.lr_schedule = "constant"  # constant | linear | step_decay (x0.9 every 200 episodes)
     c.rl.episodes_per_epoch = 500  # episodes in one RL epoch
     c.rl.epochs = 1  # RL epochs

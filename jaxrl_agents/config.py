@@ -138,6 +138,7 @@ BOUNDS = (
       "action_space.advance_every_epochs", "rl.grad_accum", "sft.grad_accum",
       "pretrain.grad_accum"), lambda v: v > 0, "must be positive"),
     (("rl.logits_chunk",), lambda v: v >= 0, "must be >= 0"),
+    (("rl.frozen_layers",), lambda v: v >= 0, "must be >= 0 (0: every layer trains)"),
     (("algo.gamma", "algo.lam", "sft.val_fraction", "action_space.advance_above"),
      lambda v: 0.0 <= v <= 1.0, "must lie in [0, 1]"),
 )

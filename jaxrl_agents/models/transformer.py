@@ -445,22 +445,23 @@ class Transformer(nnx.Module):
 
     def hidden_states(self, input_ids, positions=None, attention_mask=None):
         """Final-norm hidden states [B, T, D] in the activation dtype."""
-        if attention_mask is None:
-            attention_mask = jnp.ones(input_ids.shape, dtype=bool)
-        if positions is None:
-            positions = default_positions(attention_mask)
-        mask = causal_padding_mask(attention_mask)
-        x, cos, sin = self._embed(input_ids, positions)
-        run = _remat(_run_block, self.config.remat)
-        if self.config.scan_layers:
-            graphdef, state = nnx.split(self.blocks)
-            x, _ = jax.lax.scan(lambda x, s: (run(graphdef, s, x, cos, sin, mask), None),
-                                x, state)
-        else:
-            for block in self.layers:
-                graphdef, state = nnx.split(block)
-                x = run(graphdef, state, x, cos, sin, mask)
-        return self.final_norm(x)
+        return self.upper_hidden(self.lower_hidden(input_ids, positions, attention_mask, 0),
+                                 positions, attention_mask, 0)
+
+    def lower_hidden(self, input_ids, positions=None, attention_mask=None, n: int = 0):
+        """The residual stream [B, T, D] after the embedding and the first n layers (no
+        final norm): the input `upper_hidden` continues from. With the first n layers frozen
+        it is fixed for a batch, so a learner computes it once per batch."""
+        positions, attention_mask = _defaults(input_ids, positions, attention_mask)
+        x = self._embed(input_ids, positions)[0]  # (B, T, D)
+        return self._layers(x, positions, attention_mask, 0, n)
+
+    def upper_hidden(self, x_btd, positions=None, attention_mask=None, n: int = 0):
+        """Layers n..L-1 and the final norm over the residual stream `lower_hidden(.., n)`
+        returned: [B, T, D] -> final-norm hidden states [B, T, D]."""
+        positions, attention_mask = _defaults(x_btd[..., 0], positions, attention_mask)
+        return self.final_norm(self._layers(x_btd, positions, attention_mask, n,
+                                            self.config.num_layers))
 
     def logits(self, hidden_btd):
         """Output projection [..., D] -> float32 [..., V] (tied: the embedding)."""
@@ -546,6 +547,34 @@ class Transformer(nnx.Module):
         x = self.embed_tokens[...][input_ids].astype(cfg.jnp_dtype)  # (B, T, D)
         cos, sin = rope_tables(positions, cfg)
         return x, cos, sin
+
+    def _layers(self, x_btd, positions, attention_mask, start: int, stop: int):
+        """Layers start..stop-1 over x [B, T, D] (full causal self-attention)."""
+        if start >= stop:
+            return x_btd
+        mask = causal_padding_mask(attention_mask)
+        cos, sin = rope_tables(positions, self.config)
+        run = _remat(_run_block, self.config.remat)
+        if self.config.scan_layers:
+            graphdef, state = nnx.split(self.blocks)
+            if (start, stop) != (0, self.config.num_layers):
+                state = jax.tree.map(lambda a: a[start:stop], state)
+            x_btd, _ = jax.lax.scan(
+                lambda x, s: (run(graphdef, s, x, cos, sin, mask), None), x_btd, state)
+        else:
+            for block in self.layers[start:stop]:
+                graphdef, state = nnx.split(block)
+                x_btd = run(graphdef, state, x_btd, cos, sin, mask)
+        return x_btd
+
+
+def _defaults(ids_bt, positions, attention_mask):
+    """(positions, attention_mask) with the defaults of `Transformer.__call__` filled in."""
+    if attention_mask is None:
+        attention_mask = jnp.ones(ids_bt.shape, dtype=bool)
+    if positions is None:
+        positions = default_positions(attention_mask)
+    return positions, attention_mask
 
 
 # model.remat -> what a layer keeps for the backward pass; the rest is recomputed.

@@ -80,6 +80,15 @@ class ActorCritic(nnx.Module):
             return hidden, self.critic.from_hidden(hidden)
         return hidden, self.critic(input_ids, positions, attention_mask)
 
+    def hidden_and_values_above(self, lower_btd, n: int, positions=None, attention_mask=None):
+        """`hidden_and_values` continued from `policy.lower_hidden(.., n)` [B, T, D]: only
+        layers n and up run. For a trunk shared with the value head only."""
+        if self.kind not in SHARED_TRUNK_KINDS:
+            raise ValueError(f"critic {self.kind!r} has its own trunk: it cannot continue "
+                             "from the policy's lower layers")
+        hidden = self.policy.upper_hidden(lower_btd, positions, attention_mask, n)
+        return hidden, self.critic.from_hidden(hidden)
+
     def logits_and_values(self, input_ids, positions=None, attention_mask=None):
         """(logits [B, T, V], values [B, T]); one trunk pass when the trunk is shared."""
         hidden, values = self.hidden_and_values(input_ids, positions, attention_mask)

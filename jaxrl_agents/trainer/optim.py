@@ -65,7 +65,8 @@ def adam(schedule, max_grad_norm: float = 0.0, state: str = "float32"):
     return optax.chain(*parts, _adam(schedule, state))
 
 
-def _key_name(key) -> str:
+def key_name(key) -> str:
+    """The name of one step of a pytree path (a dict key, attribute or index)."""
     return str(getattr(key, "key", getattr(key, "name", key)))
 
 
@@ -78,10 +79,10 @@ def actor_critic_labels(params):
     critic/trunk parameter counts as the critic's only when a policy subtree exists beside it.
     """
     paths = [path for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
-    shared_trunk = not any(_key_name(path[0]) == "policy" for path in paths)
+    shared_trunk = not any(key_name(path[0]) == "policy" for path in paths)
 
     def label(path, _):
-        names = [_key_name(k) for k in path]
+        names = [key_name(k) for k in path]
         if names[0] != "critic":
             return "policy"
         if len(names) > 1 and names[1] == "trunk" and shared_trunk:

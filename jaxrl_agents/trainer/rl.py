@@ -31,6 +31,7 @@ from jaxrl_agents import compile_cache, distributed, estimators, kernels, shardi
 from jaxrl_agents.config import check_groups
 from jaxrl_agents.data import Batch, bucket
 from jaxrl_agents.models import lora
+from jaxrl_agents.models.value import SHARED_TRUNK_KINDS
 from jaxrl_agents.trainer import ewc, optim
 from jaxrl_agents.trainer.kl_control import KLController
 
@@ -64,6 +65,7 @@ class RLHyper:
     ewc_decay: float  # weight of the earlier stages' Fisher at each consolidation
     logits_chunk: int  # positions whose logits are made at once (0: the whole sequence)
     temperature: float  # the policy is softmax(logits / temperature), as sampled
+    frozen_layers: int  # the policy's first layers (and the embedding) that RL keeps fixed
 
     @property
     def uses_critic(self) -> bool:
@@ -104,6 +106,7 @@ class RLHyper:
             logits_chunk=cfg.rl.logits_chunk,
             # as SamplingParams.policy_temperature: 0 (greedy rollouts) means raw logits
             temperature=cfg.rollout.temperature or 1.0,
+            frozen_layers=cfg.rl.frozen_layers,
         )
 
 
@@ -167,7 +170,11 @@ def _forward(model, batch: dict, hp: RLHyper):
     last real token [B] (for truncated episodes: the critic's value of the state the
     episode was cut in when its record ends with that observation, see `prepare`)."""
     valid = batch["valid"]
-    hidden, values = model.hidden_and_values(batch["input_ids"], batch["positions"], valid)
+    if "lower_hidden" in batch:  # the frozen layers' output, computed once (`prepare`)
+        hidden, values = model.hidden_and_values_above(
+            batch["lower_hidden"], hp.frozen_layers, batch["positions"], valid)
+    else:
+        hidden, values = model.hidden_and_values(batch["input_ids"], batch["positions"], valid)
     logp, ent = _token_logprobs(model.policy, hidden, batch, hp)
     last = jnp.maximum(valid.sum(axis=1) - 1, 0)
     last_value = jnp.take_along_axis(values, last[:, None], axis=1)[:, 0]
@@ -176,7 +183,11 @@ def _forward(model, batch: dict, hp: RLHyper):
 
 def _ref_logprobs(ref_graphdef, ref_params, batch, hp: RLHyper):
     ref = nnx.merge(ref_graphdef, ref_params)
-    hidden = ref.hidden_states(batch["input_ids"], batch["positions"], batch["valid"])
+    if "lower_hidden" in batch:  # frozen layers: the reference's equal the policy's
+        hidden = ref.upper_hidden(batch["lower_hidden"], batch["positions"], batch["valid"],
+                                  hp.frozen_layers)
+    else:
+        hidden = ref.hidden_states(batch["input_ids"], batch["positions"], batch["valid"])
     return _token_logprobs(ref, hidden, batch, hp)[0]
 
 
@@ -210,10 +221,17 @@ def map_row_chunks(fn, batch: dict, rows_per_chunk: int):
 
 def _old_values_and_ref_logprobs(graphdef, ref_graphdef, params, ref_params, hp: RLHyper,
                                  rows: dict):
-    """Per row: old values [b, T], the value after the last real token [b] and the
-    reference log-probs [b, T]."""
-    _, _, values, last_value = _forward(nnx.merge(graphdef, params), rows, hp)
-    return values, last_value, _ref_logprobs(ref_graphdef, ref_params, rows, hp)
+    """Per row: old values [b, T], the value after the last real token [b], the
+    reference log-probs [b, T] and, with frozen layers, their output [b, T, D] (else
+    None), which both passes continue from and the gradient steps reuse."""
+    model = nnx.merge(graphdef, params)
+    lower = None
+    if hp.frozen_layers:
+        lower = model.policy.lower_hidden(rows["input_ids"], rows["positions"], rows["valid"],
+                                          hp.frozen_layers)
+        rows = {**rows, "lower_hidden": lower}
+    _, _, values, last_value = _forward(model, rows, hp)
+    return values, last_value, _ref_logprobs(ref_graphdef, ref_params, rows, hp), lower
 
 
 def prepare(
@@ -240,7 +258,7 @@ def prepare(
     rows = batch["input_ids"].shape[0]
     inputs = {k: batch[k] for k in ("input_ids", "positions", "valid", "allowed", "loss_index")
               if k in batch}
-    values, last_value, ref_logp = map_row_chunks(
+    values, last_value, ref_logp, lower = map_row_chunks(
         forward, inputs, chunk_rows(rows, max_chunk_rows or rows)
     )
     mask = batch["action_mask"]
@@ -272,6 +290,8 @@ def prepare(
         "charts/value_mean": kernels.masked_mean(values, mask),
     }
     extras = {"advantages": adv, "returns": ret, "old_values": values, "ref_logprobs": ref_logp}
+    if lower is not None:
+        extras["lower_hidden"] = lower
     return extras, metrics
 
 
@@ -391,6 +411,7 @@ def train_step(hp, graphdef, tx, state: LearnerState, micro: dict, kl_coef, poli
         grads,
         optim.actor_critic_labels(grads),
     )
+    grads = zero_frozen(grads, hp.frozen_layers)
     finite = _tree_all_finite(grads) & jnp.isfinite(metrics["losses/total"])
     new_trainable, new_master, new_opt = apply_gradients(
         tx, grads, state.opt_state, trainable, state.master
@@ -409,6 +430,45 @@ def train_step(hp, graphdef, tx, state: LearnerState, micro: dict, kl_coef, poli
         ewc_fisher=state.ewc_fisher,
     )
     return new_state, metrics
+
+
+def zero_frozen(grads, frozen_layers: int):
+    """`grads` (an ActorCritic state) with the token embedding's and the first
+    `frozen_layers` layers' gradients set to 0 (all of them as they are when 0).
+
+    Adam then leaves those parameters exactly as they were (zero moments, zero steps), so
+    their output stays the one `prepare` computed. The embedding is frozen with them: the
+    lowest layers read it, and a tied output layer is the same table.
+    """
+    if not frozen_layers:
+        return grads
+
+    def zero(path, g):
+        names = [optim.key_name(k) for k in path]
+        if "embed_tokens" in names:
+            return jnp.zeros_like(g)
+        if "blocks" in names:  # stacked layers: [L, ...]
+            return g.at[:frozen_layers].set(0)
+        if "layers" in names and int(names[names.index("layers") + 1]) < frozen_layers:
+            return jnp.zeros_like(g)
+        return g
+
+    return jax.tree_util.tree_map_with_path(zero, grads)
+
+
+def check_frozen_layers(actor_critic, frozen_layers: int) -> None:
+    """A clear error for an `rl.frozen_layers` this model cannot run."""
+    if not frozen_layers:
+        return
+    layers = actor_critic.policy.config.num_layers
+    if not 0 < frozen_layers < layers:
+        raise ValueError(f"rl.frozen_layers={frozen_layers}: must be 0 (off) or below the "
+                         f"model's {layers} layers")
+    if actor_critic.kind not in SHARED_TRUNK_KINDS:
+        raise ValueError(f"rl.frozen_layers needs model.critic 'head' or 'detached' (a value "
+                         f"head on the policy's trunk), not {actor_critic.kind!r}")
+    if lora.has_adapters(nnx.state(actor_critic)):
+        raise ValueError("rl.frozen_layers and model.lora both choose what trains: set one")
 
 
 def consolidate(hp: RLHyper, graphdef, state: LearnerState, batch: dict) -> LearnerState:
@@ -466,6 +526,7 @@ class RLLearner:
             raise ValueError(
                 f"rl.minibatch_size={minibatch_size} is not divisible by rl.grad_accum={grad_accum}"
             )
+        check_frozen_layers(actor_critic, hp.frozen_layers)
         self.hp, self.tx = hp, tx
         self.ppo_epochs, self.minibatch_size, self.grad_accum = (
             ppo_epochs,

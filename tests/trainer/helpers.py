@@ -61,3 +61,9 @@ def toy_schedule(*overrides):
     layout = EnvLayout(cfg)
     tasks = [envs.make(spec).task for spec in layout.specs]
     return TaskSchedule(cfg, layout, tasks), layout
+
+
+def learning_metrics(metrics: dict) -> dict:
+    """An update's metrics without its wall-clock timings (perf/...), which differ from
+    run to run."""
+    return {k: v for k, v in metrics.items() if not k.startswith("perf/")}
