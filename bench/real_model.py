@@ -252,6 +252,61 @@ def measure_learner(path: str, torch_model, repeats: int, scan: bool, rows: int 
           f"{tokens / best['torch']:.0f} tok/s, ratio {best['torch'] / best['ours']:.2f}x")
 
 
+def rl_batch(rows: int, turns: int, vocab: int, choice_width: int, seed: int = 0):
+    """`rows` episodes shaped like the real-model recipe's: a 350-token first prompt, then
+    `turns` turns of a 150-250-token observation and a 4-8-token action played among 8
+    offered commands (constrained decoding), reward at the end; random tokens."""
+    from jaxrl_agents.data import ACTION, PROMPT, Trajectory, pack
+
+    rng = np.random.default_rng(seed)
+    trajs = []
+    for row in range(rows):
+        tokens, types, ends, choices = [], [], [], []
+        for turn in range(turns):
+            n_obs = 350 if turn == 0 else int(rng.integers(150, 250))
+            offered = [rng.integers(1, vocab, rng.integers(4, 9)).tolist() for _ in range(8)]
+            tokens += rng.integers(1, vocab, n_obs).tolist() + offered[0]
+            types += [PROMPT] * n_obs + [ACTION] * len(offered[0])
+            ends.append(len(tokens) - 1)
+            choices.append(offered)
+        rewards = np.zeros(len(tokens), np.float32)
+        rewards[ends[-1]] = float(row % 2)
+        logprobs = np.where(np.array(types) == ACTION, -1.0, 0.0)
+        trajs.append(Trajectory(tokens, types, logprobs, rewards, ends, won=bool(row % 2),
+                                group_id=row, info={"choices": choices}))
+    return pack(trajs, length_buckets=(1024, 2048, 3072), choice_width=choice_width)
+
+
+def measure_rl_update(path: str, rows: int, turns: int, frozen: list[int]):
+    """One PPO update of the real-model recipe (configs/textworld_smollm2.py's learner:
+    GAE, value head on the trunk, remat, scanned layers, its minibatches and epochs) on
+    `rows` episodes, for each `rl.frozen_layers` in `frozen`: the update's wall time split
+    into the old-values / reference pass and the gradient steps, compiles counted apart
+    (the first update compiles; the second is timed)."""
+    import jax
+
+    from jaxrl_agents.config import load_config
+    from jaxrl_agents.models import build_actor_critic, hf_io
+    from jaxrl_agents.trainer.rl import make_learner
+
+    for n in frozen:
+        cfg = load_config("configs/textworld_smollm2.py", [f"--config.rl.frozen_layers={n}"])
+        policy = hf_io.load(path, scan_layers=True, remat=cfg.model.remat)[0]
+        ac = build_actor_critic(policy, cfg.model.critic)
+        learner = make_learner(cfg, ac, total_updates=10, episodes_per_update=rows)
+        learner.updates = learner.value_warmup_updates  # policy and critic both train
+        batch = rl_batch(rows, turns, policy.config.vocab_size, cfg.rollout.choice_width)
+        state = learner.init_state(ac)
+        for attempt in ("first (compiles)", "second"):
+            start = time.perf_counter()
+            state, m = learner.update(state, batch, jax.random.key(0))
+            print(f"RL update, {rows} episodes [{batch.shape[0]} x {batch.shape[1]}], "
+                  f"{int(batch.valid.sum())} tokens, rl.frozen_layers={n}, {attempt}: "
+                  f"{time.perf_counter() - start:.1f} s (reference / old values "
+                  f"{m['perf/prepare_s']:.1f} s, gradient steps {m['perf/train_steps_s']:.1f} s,"
+                  f" of which compiling {m['perf/learner_compile_s']:.1f} s)", flush=True)
+
+
 def measure_textworld(episodes: int = 32):
     """One batch of `episodes` held-out games per way of playing, real weights."""
     import dataclasses
@@ -315,6 +370,8 @@ def main():
     parser.add_argument("--memory", action="store_true")
     parser.add_argument("--learner", action="store_true")
     parser.add_argument("--textworld", action="store_true")
+    parser.add_argument("--rl-update", action="store_true")
+    parser.add_argument("--frozen", default="0,24", help="rl.frozen_layers values (--rl-update)")
     parser.add_argument("--context", type=int, default=2048)
     parser.add_argument("--episodes", type=int, default=32)
     parser.add_argument("--rows", type=int, default=8)
@@ -325,7 +382,7 @@ def main():
     args = parser.parse_args()
     if args.textworld:
         measure_textworld(args.episodes)
-        if not (args.compile or args.decode or args.learner or args.memory):
+        if not (args.compile or args.decode or args.learner or args.memory or args.rl_update):
             return
     with tempfile.TemporaryDirectory() as tmp:
         torch_model = smollm2_shape(tmp, args.layers)
@@ -338,6 +395,9 @@ def main():
         if args.memory:
             del torch_model
             measure_memory(tmp, 32, args.context, not args.unrolled)
+        if args.rl_update:
+            measure_rl_update(tmp, args.rows, args.turns,
+                              [int(n) for n in args.frozen.split(",")])
 
 
 if __name__ == "__main__":

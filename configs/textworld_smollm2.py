@@ -18,8 +18,8 @@ The free-text arm decodes any text and sends it to the game (eval.json's
 
 Training is sized for a 2-core CPU: batches of 8 episodes, SFT on 50 golden trajectories,
 then PPO with token-level GAE and a value head on the policy trunk, fine-tuning learning
-rates and a small KL penalty. Layers are scanned (compile time independent of the 30 layers)
-and rematerialised in the backward pass.
+rates and a small KL penalty; RL trains the top 6 layers (rl.frozen_layers). Layers are
+scanned (compile time independent of the 30 layers) and rematerialised in the backward pass.
 """
 
 from configs.base import get_config as base_config
@@ -64,9 +64,13 @@ def get_config():
     c.algo.estimator = "gae"  # token-level GAE
     c.model.critic = "head"  # value head on the policy trunk
     c.rl.learning_rate = 1e-5
+    # Only the top 6 of the 30 layers (and the value head) train in RL: the output of the
+    # 24 below is computed once per update, which makes an update of 8 episodes 3.4x
+    # faster here (docs/real_model.md); SFT still trains every layer.
+    c.rl.frozen_layers = 24
     c.rl.critic_learning_rate = 1e-4  # the value head starts from scratch
     c.rl.value_warmup_updates = 1
-    c.rl.episodes_per_epoch = 80  # 10 updates of 8 episodes
+    c.rl.episodes_per_epoch = 96  # 12 updates of 8 episodes
     c.rl.minibatch_size = 4
     c.rl.grad_accum = 2
     c.rl.ppo_epochs = 2
