@@ -33,6 +33,8 @@ training step's peak.
 
 from __future__ import annotations
 
+import copy
+
 import dataclasses
 import json
 import math
@@ -216,9 +218,16 @@ def split_by_owner(params, critic_kind: str) -> tuple:
 
 
 def abstract_learner(cfg, mc: ModelConfig):
-    """(learner, abstract LearnerState) from the trainer's own constructors, traced only."""
+    """(learner, abstract LearnerState) from the trainer's own constructors, traced only.
+
+    With rl.frozen_layers the plan stays that of every layer training (the residuals are
+    measured on models of one and two layers, below any frozen count): an upper bound,
+    since a frozen run keeps residuals for the layers above only."""
     from jaxrl_agents.trainer.loop import num_updates
     from jaxrl_agents.trainer.rl import make_learner
+
+    cfg = copy.deepcopy(cfg)
+    cfg.rl.frozen_layers = 0
 
     def build():
         policy = Transformer(mc, rngs=nnx.Rngs(cfg.seed))
