@@ -2,8 +2,8 @@
 read it. JAX-free (a config loads without importing JAX): each entry names its kernel,
 which is imported only when the learner asks for it.
 
-Adding an estimator: one entry here, its kernel in `jaxrl_agents/kernels/` with the
-signature below, and its test.
+Adding an estimator: one entry here, its kernel in `jaxrl_agents/kernels/` with an entry
+point of the signature below next to it, and its test.
 
     kernel(rewards [B, T], values [B, T], mask [B, T], last_value [B], group_ids [B], hp)
         -> (advantages [B, T], returns [B, T])
@@ -26,18 +26,18 @@ class Estimator:
 
 
 ESTIMATORS: dict[str, Estimator] = {
-    "gae": Estimator("jaxrl_agents.kernels.advantages:gae_advantages", True, False,
+    "gae": Estimator("jaxrl_agents.kernels.gae:gae_advantages", True, False,
                      "token-level GAE over action tokens (gamma, lam)"),
-    "turn_gae": Estimator("jaxrl_agents.kernels.advantages:turn_gae_advantages", True, False,
+    "turn_gae": Estimator("jaxrl_agents.kernels.gae:turn_gae_advantages", True, False,
                           "GAE with one step per turn; a turn's advantage on all its tokens"),
-    "bilevel_gae": Estimator("jaxrl_agents.kernels.advantages:bilevel_gae_advantages", True,
+    "bilevel_gae": Estimator("jaxrl_agents.kernels.gae:bilevel_gae_advantages", True,
                              False, "turn-level GAE, then token-level GAE inside each turn "
                              "(token_gamma, token_lam)"),
-    "rloo": Estimator("jaxrl_agents.kernels.advantages:rloo_advantages", False, True,
+    "rloo": Estimator("jaxrl_agents.kernels.group:rloo_advantages", False, True,
                       "episode score minus the mean of the others in its group"),
-    "grpo": Estimator("jaxrl_agents.kernels.advantages:grpo_advantages", False, True,
+    "grpo": Estimator("jaxrl_agents.kernels.group:grpo_advantages", False, True,
                       "episode score standardised within its group (grpo_std_normalize)"),
-    "reinforce_pp": Estimator("jaxrl_agents.kernels.advantages:reinforce_pp_advantages",
+    "reinforce_pp": Estimator("jaxrl_agents.kernels.reinforce:reinforce_pp_advantages",
                               False, False, "discounted returns, whitened over the batch"),
 }
 GROUP_ESTIMATORS = tuple(name for name, e in ESTIMATORS.items() if e.needs_groups)

@@ -1,13 +1,7 @@
 """Pure, jitted maths of multi-turn RL. Arrays are [B, T] unless a docstring says not."""
 
-from jaxrl_agents.kernels.advantages import (
-    broadcast_to_tokens,
-    episode_scores,
-    grpo,
-    reinforce_pp,
-    rloo,
-)
 from jaxrl_agents.kernels.gae import bilevel_gae, gae, turn_boundaries, turn_gae
+from jaxrl_agents.kernels.group import broadcast_to_tokens, episode_scores, grpo, rloo
 from jaxrl_agents.kernels.kl import kl, kl_per_token
 from jaxrl_agents.kernels.losses import (
     LOSS_TOKENS,
@@ -26,6 +20,7 @@ from jaxrl_agents.kernels.losses import (
     token_logprobs,
     value_loss,
 )
+from jaxrl_agents.kernels.reinforce import reinforce_pp
 from jaxrl_agents.kernels.stats import masked_mean, masked_sum, masked_var, masked_whiten
 
 __all__ = [

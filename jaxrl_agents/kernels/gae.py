@@ -9,6 +9,10 @@ through unchanged and get advantage 0. With s' the next action token after t,
     R[t]     = A[t] + V[t]
 
 so for a terminal episode the last action token gets A = r - V.
+
+`turn_gae` and `bilevel_gae` run the same recurrence over turns. The learner reaches all
+three through the entry points at the end (`gae_advantages`, ...), which the estimator
+table (`jaxrl_agents.estimators`) names.
 """
 
 import jax
@@ -144,3 +148,22 @@ def bilevel_gae(
     )
     advantages = advantages * mask
     return advantages, (advantages + values) * mask
+
+
+# ----------------------------------------------------------------------------- entry points
+# Rows "gae", "turn_gae" and "bilevel_gae" of `jaxrl_agents.estimators.ESTIMATORS`:
+# (rewards, values, mask, last_value, group_ids, hp) -> (advantages, returns), [B, T] each;
+# `hp` is the learner's `RLHyper` (gamma, lam; token_gamma, token_lam for bilevel_gae).
+
+
+def gae_advantages(rewards, values, mask, last_value, group_ids, hp):
+    return gae(rewards, values, mask, hp.gamma, hp.lam, last_value=last_value)
+
+
+def turn_gae_advantages(rewards, values, mask, last_value, group_ids, hp):
+    return turn_gae(rewards, values, mask, hp.gamma, hp.lam, last_value=last_value)
+
+
+def bilevel_gae_advantages(rewards, values, mask, last_value, group_ids, hp):
+    return bilevel_gae(rewards, values, mask, hp.gamma, hp.lam, last_value=last_value,
+                       token_gamma=hp.token_gamma, token_lam=hp.token_lam)
