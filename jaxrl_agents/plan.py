@@ -34,7 +34,6 @@ training step's peak.
 from __future__ import annotations
 
 import copy
-
 import dataclasses
 import json
 import math
@@ -47,6 +46,7 @@ from flax import nnx
 from jax.sharding import AbstractMesh, AxisType
 
 from jaxrl_agents import sharding
+from jaxrl_agents.data import Batch
 from jaxrl_agents.data.packing import bucket
 from jaxrl_agents.models import ModelConfig, Transformer, build_actor_critic, gguf_import, lora
 from jaxrl_agents.models.build import checkpoint_overrides
@@ -246,26 +246,20 @@ def abstract_learner(cfg, mc: ModelConfig):
     return learner, learner_state
 
 
-def microbatch_spec(rows: int, length: int) -> dict:
-    """ShapeDtypeStructs of one micro-batch as `RLLearner.update` hands it to the loss:
-    the Batch fields plus what `prepare` adds."""
-    bt = (rows, length)
+def microbatch_spec(rows: int, length: int):
+    """ShapeDtypeStructs of one micro-batch as `RLLearner.update` hands it to the loss: a
+    `TrainBatch`, the Batch fields plus what `prepare` adds (no frozen layers' output)."""
+    from jaxrl_agents.trainer.rl_batch import Prepared, TrainBatch
+
+    bt = lambda dtype: jax.ShapeDtypeStruct((rows, length), dtype)  # noqa: E731
+    per_row = lambda dtype: jax.ShapeDtypeStruct((rows,), dtype)  # noqa: E731
     f32, i32 = jnp.float32, jnp.int32
-    spec = {name: jax.ShapeDtypeStruct(bt, i32) for name in ("input_ids", "positions", "valid")}
-    for name in (
-        "action_mask",
-        "old_logprobs",
-        "rewards",
-        "advantages",
-        "returns",
-        "old_values",
-        "ref_logprobs",
-    ):
-        spec[name] = jax.ShapeDtypeStruct(bt, f32)
-    spec["group_ids"] = jax.ShapeDtypeStruct((rows,), i32)
-    for name in ("won", "truncated", "row_valid"):
-        spec[name] = jax.ShapeDtypeStruct((rows,), f32)
-    return spec
+    batch = Batch(input_ids=bt(i32), positions=bt(i32), valid=bt(i32), action_mask=bt(f32),
+                  old_logprobs=bt(f32), rewards=bt(f32), group_ids=per_row(i32),
+                  won=per_row(f32), truncated=per_row(f32), row_valid=per_row(f32))
+    prepared = Prepared(advantages=bt(f32), returns=bt(f32), old_values=bt(f32),
+                        ref_logprobs=bt(f32))
+    return TrainBatch(batch, prepared)
 
 
 def residual_bytes(cfg, mc: ModelConfig, rows: int, length: int) -> int:

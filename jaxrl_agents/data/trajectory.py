@@ -71,7 +71,8 @@ class Trajectory:
 
 @dataclasses.dataclass
 class Batch:
-    """Fixed-shape, padded NumPy arrays for the learner. B rows, T tokens.
+    """Fixed-shape, padded NumPy arrays for the learner. B rows, T tokens. The RL learner
+    takes it as a pytree of arrays on device (registered in `trainer/rl_batch.py`).
 
     input_ids: [B, T] int32 token ids (pad id where invalid).
     positions: [B, T] int32 position of each token in its episode.

@@ -17,11 +17,13 @@ import jax
 import jax.numpy as jnp
 
 
-def diagonal_fisher(episode_logp, params, batch: dict):
+def diagonal_fisher(episode_logp, params, batch):
     """Empirical diagonal Fisher of `params` over the episodes (rows) of `batch`.
 
+    batch: a `Batch` on device (a pytree, `trainer/rl_batch.py`), arrays [B, ...].
     episode_logp(params, rows) -> [b]: the summed action log-likelihood of each row of a
-    batch slice (arrays [b, ...]). Rows with `row_valid` 0 (packing filler) do not count.
+    batch slice (a Batch of arrays [b, ...]). Rows with `row_valid` 0 (packing filler) do
+    not count.
     Gradients are taken one row at a time (`lax.scan`), so memory holds one gradient
     and the running sum.
     Returns a tree like `params` (float32).
@@ -33,13 +35,13 @@ def diagonal_fisher(episode_logp, params, batch: dict):
         return jax.tree.map(lambda g: jnp.square(g.astype(jnp.float32)), grad)
 
     def add_row(total, row):
-        weight = row["row_valid"].astype(jnp.float32)
+        weight = row.row_valid.astype(jnp.float32)
         total = jax.tree.map(lambda t, g: t + weight * g, total, squared_grad(row))
         return total, None
 
     zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
     total, _ = jax.lax.scan(add_row, zeros, batch)
-    count = jnp.maximum(batch["row_valid"].astype(jnp.float32).sum(), 1.0)
+    count = jnp.maximum(batch.row_valid.astype(jnp.float32).sum(), 1.0)
     return jax.tree.map(lambda t: t / count, total)
 
 

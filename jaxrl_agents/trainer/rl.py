@@ -10,7 +10,9 @@ Per collected batch:
      or gradient leaves parameters and optimizer state untouched and is counted.
 
 Per-token arrays follow the Batch convention: index t describes token t, so model
-outputs at t - 1 (which predict token t) are shifted right by one.
+outputs at t - 1 (which predict token t) are shifted right by one. The data is typed end
+to end (`trainer/rl_batch.py`): the Batch as a pytree on device, `prepare`'s `Prepared`,
+and a `TrainBatch` of both for the gradient steps.
 """
 
 from __future__ import annotations
@@ -27,13 +29,14 @@ import numpy as np
 import optax
 from flax import nnx
 
-from jaxrl_agents import compile_cache, distributed, estimators, kernels, sharding
+from jaxrl_agents import compile_cache, estimators, kernels, sharding
 from jaxrl_agents.config import check_groups
 from jaxrl_agents.data import Batch, bucket
 from jaxrl_agents.models import lora
 from jaxrl_agents.models.value import SHARED_TRUNK_KINDS
 from jaxrl_agents.trainer import ewc, optim
 from jaxrl_agents.trainer.kl_control import KLController
+from jaxrl_agents.trainer.rl_batch import Prepared, TrainBatch, on_device
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,57 +140,60 @@ class LearnerState:
     ewc_fisher: Any = None
 
 
-def _token_logprobs(policy, hidden, batch: dict, hp: RLHyper):
+def _token_logprobs(policy, hidden, batch: Batch, hp: RLHyper):
     """log-probs and entropies [B, T] of the batch's tokens from the policy's hidden states
     under softmax(logits / hp.temperature), the distribution the rollouts sampled from
     (the rollout's log-probs are taken the same way), the logits made `hp.logits_chunk`
-    positions at a time (0: all at once). With `batch["loss_index"]` the output layer runs
+    positions at a time (0: all at once). With `batch.loss_index` the output layer runs
     only at those positions (the action tokens) and the rest are 0."""
-    ids, allowed = batch["input_ids"], batch.get("allowed")
+    ids, allowed = batch.input_ids, batch.allowed
     logits = policy.logits
     if hp.temperature != 1.0:
         logits = lambda h: policy.logits(h) / hp.temperature  # noqa: E731
-    if "loss_index" in batch:
+    if batch.loss_index is not None:
         return kernels.loss_positions_logprobs_and_entropy(
-            hidden, logits, ids, batch["loss_index"], allowed, chunk=hp.logits_chunk)
+            hidden, logits, ids, batch.loss_index, allowed, chunk=hp.logits_chunk)
     if hp.logits_chunk:
         return kernels.chunked_next_token_logprobs_and_entropy(
             hidden, logits, ids, allowed, chunk=hp.logits_chunk)
     return kernels.next_token_logprobs_and_entropy(logits(hidden), ids, allowed)
 
 
-def policy_mask(batch: dict, hp: RLHyper):
+def policy_mask(batch: Batch, hp: RLHyper):
     """[B, T]: the tokens the policy loss, entropy, KL terms and their metrics count (and
     advantages are whitened over): the decisions, or every action token (`hp.loss_tokens`).
     The value loss always counts every action token: GAE reads the critic at all of them."""
     if hp.loss_tokens == "actions":
-        return batch["action_mask"]
-    return kernels.decision_mask(batch["action_mask"], batch.get("allowed"))
+        return batch.action_mask
+    return kernels.decision_mask(batch.action_mask, batch.allowed)
 
 
-def _forward(model, batch: dict, hp: RLHyper):
+def _forward(model, batch: Batch, hp: RLHyper, lower_hidden=None):
     """Aligned per-token outputs: logp, entropy, values [B, T] and the value after the
     last real token [B] (for truncated episodes: the critic's value of the state the
-    episode was cut in when its record ends with that observation, see `prepare`)."""
-    valid = batch["valid"]
-    if "lower_hidden" in batch:  # the frozen layers' output, computed once (`prepare`)
+    episode was cut in when its record ends with that observation, see `prepare`).
+    lower_hidden: [B, T, D] the frozen layers' output (`Prepared.lower_hidden`), which the
+    pass continues from, or None (the whole model)."""
+    valid = batch.valid
+    if lower_hidden is not None:  # the frozen layers' output, computed once (`prepare`)
         hidden, values = model.hidden_and_values_above(
-            batch["lower_hidden"], hp.frozen_layers, batch["positions"], valid)
+            lower_hidden, hp.frozen_layers, batch.positions, valid)
     else:
-        hidden, values = model.hidden_and_values(batch["input_ids"], batch["positions"], valid)
+        hidden, values = model.hidden_and_values(batch.input_ids, batch.positions, valid)
     logp, ent = _token_logprobs(model.policy, hidden, batch, hp)
     last = jnp.maximum(valid.sum(axis=1) - 1, 0)
     last_value = jnp.take_along_axis(values, last[:, None], axis=1)[:, 0]
     return logp, ent, kernels.shift_right(values), last_value
 
 
-def _ref_logprobs(ref_graphdef, ref_params, batch, hp: RLHyper):
+def _ref_logprobs(ref_graphdef, ref_params, batch: Batch, hp: RLHyper, lower_hidden=None):
+    """The reference policy's log-probs [B, T] of the batch's tokens (`lower_hidden` as in
+    `_forward`)."""
     ref = nnx.merge(ref_graphdef, ref_params)
-    if "lower_hidden" in batch:  # frozen layers: the reference's equal the policy's
-        hidden = ref.upper_hidden(batch["lower_hidden"], batch["positions"], batch["valid"],
-                                  hp.frozen_layers)
+    if lower_hidden is not None:  # frozen layers: the reference's equal the policy's
+        hidden = ref.upper_hidden(lower_hidden, batch.positions, batch.valid, hp.frozen_layers)
     else:
-        hidden = ref.hidden_states(batch["input_ids"], batch["positions"], batch["valid"])
+        hidden = ref.hidden_states(batch.input_ids, batch.positions, batch.valid)
     return _token_logprobs(ref, hidden, batch, hp)[0]
 
 
@@ -205,9 +211,9 @@ def chunk_rows(rows: int, max_rows: int) -> int:
     return max(d for d in range(1, min(rows, max_rows) + 1) if rows % d == 0)
 
 
-def map_row_chunks(fn, batch: dict, rows_per_chunk: int):
-    """`fn` over the rows of `batch` (arrays [B, ...]) in chunks of `rows_per_chunk`, one
-    chunk at a time (lax.map), outputs [B, ...] back in row order.
+def map_row_chunks(fn, batch, rows_per_chunk: int):
+    """`fn` over the rows of `batch` (a pytree of arrays [B, ...]) in chunks of
+    `rows_per_chunk`, one chunk at a time (lax.map), outputs [B, ...] back in row order.
 
     Chunk i holds rows i, i + n, i + 2n, ... (n chunks), so each chunk is spread over the
     devices that hold the batch's rows, as the whole batch is.
@@ -220,18 +226,17 @@ def map_row_chunks(fn, batch: dict, rows_per_chunk: int):
 
 
 def _old_values_and_ref_logprobs(graphdef, ref_graphdef, params, ref_params, hp: RLHyper,
-                                 rows: dict):
+                                 rows: Batch):
     """Per row: old values [b, T], the value after the last real token [b], the
     reference log-probs [b, T] and, with frozen layers, their output [b, T, D] (else
     None), which both passes continue from and the gradient steps reuse."""
     model = nnx.merge(graphdef, params)
     lower = None
     if hp.frozen_layers:
-        lower = model.policy.lower_hidden(rows["input_ids"], rows["positions"], rows["valid"],
+        lower = model.policy.lower_hidden(rows.input_ids, rows.positions, rows.valid,
                                           hp.frozen_layers)
-        rows = {**rows, "lower_hidden": lower}
-    _, _, values, last_value = _forward(model, rows, hp)
-    return values, last_value, _ref_logprobs(ref_graphdef, ref_params, rows, hp), lower
+    _, _, values, last_value = _forward(model, rows, hp, lower)
+    return values, last_value, _ref_logprobs(ref_graphdef, ref_params, rows, hp, lower), lower
 
 
 def prepare(
@@ -239,11 +244,12 @@ def prepare(
     graphdef,
     ref_graphdef,
     state: LearnerState,
-    batch: dict,
+    batch: Batch,
     kl_coef,
     max_chunk_rows: int | None = None,
-):
-    """Old values, reference log-probs, KL-shaped rewards, advantages and returns.
+) -> tuple[Prepared, dict]:
+    """Old values, reference log-probs, KL-shaped rewards, advantages and returns of
+    `batch` (on device, [B, T]) -> (Prepared, metrics).
 
     The two forward passes run over `chunk_rows(B, max_chunk_rows)` rows at a time (None:
     all B at once), so only one chunk's logits are ever live; the advantages need the
@@ -255,15 +261,14 @@ def prepare(
     forward = functools.partial(
         _old_values_and_ref_logprobs, graphdef, ref_graphdef, state.params, ref_params, hp
     )
-    rows = batch["input_ids"].shape[0]
-    inputs = {k: batch[k] for k in ("input_ids", "positions", "valid", "allowed", "loss_index")
-              if k in batch}
+    rows = batch.input_ids.shape[0]
+    # The whole Batch is split into chunks; the forward passes read its token fields only.
     values, last_value, ref_logp, lower = map_row_chunks(
-        forward, inputs, chunk_rows(rows, max_chunk_rows or rows)
+        forward, batch, chunk_rows(rows, max_chunk_rows or rows)
     )
-    mask = batch["action_mask"]
-    kl_tok = kernels.kl_per_token(batch["old_logprobs"], ref_logp, hp.kl_kind) * mask
-    rewards = batch["rewards"]
+    mask = batch.action_mask
+    kl_tok = kernels.kl_per_token(batch.old_logprobs, ref_logp, hp.kl_kind) * mask
+    rewards = batch.rewards
     if hp.kl_where == "reward":
         rewards = rewards - kl_coef * kl_tok
     # An episode cut by its step budget or the context is over for the agent: by default
@@ -274,43 +279,52 @@ def prepare(
     # position whose value the value loss trains as the start of a turn. A record that ends
     # at an action (no room for the observation) is not bootstrapped: the value after an
     # action's last token is never trained.
-    last = jnp.maximum(batch["valid"].sum(axis=1) - 1, 0)
+    last = jnp.maximum(batch.valid.sum(axis=1) - 1, 0)
     ends_in_observation = jnp.take_along_axis(mask, last[:, None], axis=1)[:, 0] == 0
-    last_value = (last_value * batch["truncated"] * hp.bootstrap_truncated
+    last_value = (last_value * batch.truncated * hp.bootstrap_truncated
                   * ends_in_observation.astype(last_value.dtype))
     decisions = policy_mask(batch, hp)
-    adv, ret = _advantages(hp, rewards, values, mask, last_value, batch["group_ids"], decisions)
-    metrics = {
+    adv, ret = _advantages(hp, rewards, values, mask, last_value, batch.group_ids, decisions)
+    prepared = Prepared(advantages=adv, returns=ret, old_values=values, ref_logprobs=ref_logp,
+                        lower_hidden=lower)
+    return prepared, _prepare_metrics(batch, prepared, kl_tok, decisions)
+
+
+def _prepare_metrics(batch: Batch, prepared: Prepared, kl_tok, decisions) -> dict:
+    """`prepare`'s metrics (scalars): the KL to the reference [B, T] `kl_tok` and the
+    advantages over the `decisions` tokens, the batch's returns (before the KL penalty)
+    over its real rows, and the old values over its action tokens."""
+    mask = batch.action_mask
+    episode_return = batch.rewards.sum(axis=1)  # [B]
+    return {
         "kl/ref_kl": kernels.masked_mean(kl_tok, decisions),
-        "charts/return_mean": kernels.masked_mean(batch["rewards"].sum(axis=1), batch["row_valid"]),
-        "charts/return_var": kernels.masked_var(batch["rewards"].sum(axis=1), batch["row_valid"]),
-        "charts/advantage_mean": kernels.masked_mean(adv, decisions),
+        "charts/return_mean": kernels.masked_mean(episode_return, batch.row_valid),
+        "charts/return_var": kernels.masked_var(episode_return, batch.row_valid),
+        "charts/advantage_mean": kernels.masked_mean(prepared.advantages, decisions),
         "charts/decision_share": kernels.masked_mean(
-            kernels.decision_mask(mask, batch.get("allowed")), mask),
-        "charts/value_mean": kernels.masked_mean(values, mask),
+            kernels.decision_mask(mask, batch.allowed), mask),
+        "charts/value_mean": kernels.masked_mean(prepared.old_values, mask),
     }
-    extras = {"advantages": adv, "returns": ret, "old_values": values, "ref_logprobs": ref_logp}
-    if lower is not None:
-        extras["lower_hidden"] = lower
-    return extras, metrics
 
 
-def episode_logprobs(graphdef, params, rows: dict, hp: RLHyper):
+def episode_logprobs(graphdef, params, rows: Batch, hp: RLHyper):
     """Summed log-likelihood of each row's action tokens under the policy: [b]."""
     logp, _, _, _ = _forward(nnx.merge(graphdef, params), rows, hp)
-    return (logp * rows["action_mask"]).sum(axis=1)
+    return (logp * rows.action_mask).sum(axis=1)
 
 
-def loss_fn(hp: RLHyper, graphdef, params, mb: dict, kl_coef, policy_coef, ewc_state=None):
+def loss_fn(hp: RLHyper, graphdef, params, mb: TrainBatch, kl_coef, policy_coef,
+            ewc_state=None):
     """Scalar loss and its metrics on one micro-batch (arrays [b, T]); `ewc_state`:
     (anchor, fisher) of the EWC penalty, or None."""
     model = nnx.merge(graphdef, params)
-    logp, ent, values, _ = _forward(model, mb, hp)
-    mask, decisions = mb["action_mask"], policy_mask(mb, hp)
+    batch, prepared = mb.batch, mb.prepared
+    logp, ent, values, _ = _forward(model, batch, hp, prepared.lower_hidden)
+    mask, decisions = batch.action_mask, policy_mask(batch, hp)
     pg, pg_metrics = kernels.ppo_policy_loss(
         logp,
-        mb["old_logprobs"],
-        mb["advantages"],
+        batch.old_logprobs,
+        prepared.advantages,
         decisions,
         clip_eps=hp.clip_eps,
         clip_eps_high=hp.clip_eps_high,
@@ -320,7 +334,7 @@ def loss_fn(hp: RLHyper, graphdef, params, mb: dict, kl_coef, policy_coef, ewc_s
     entropy = kernels.aggregate(ent, decisions, hp.loss_agg)
     policy_loss = pg - hp.entropy_coef * entropy
     kl_value = kernels.aggregate(
-        kernels.kl_per_token(logp, mb["ref_logprobs"], hp.kl_kind), decisions, hp.loss_agg
+        kernels.kl_per_token(logp, prepared.ref_logprobs, hp.kl_kind), decisions, hp.loss_agg
     )
     if hp.kl_where == "loss":
         policy_loss = policy_loss + kl_coef * kl_value
@@ -328,7 +342,8 @@ def loss_fn(hp: RLHyper, graphdef, params, mb: dict, kl_coef, policy_coef, ewc_s
     metrics = {f"losses/{k}": v for k, v in pg_metrics.items()}
     if hp.uses_critic:
         vf, vf_metrics = kernels.value_loss(
-            values, mb["old_values"], mb["returns"], mask, clip=hp.value_clip, agg=hp.loss_agg
+            values, prepared.old_values, prepared.returns, mask, clip=hp.value_clip,
+            agg=hp.loss_agg
         )
         loss = loss + hp.value_coef * vf
         metrics["losses/value"] = vf
@@ -371,11 +386,11 @@ def apply_gradients(tx, grads, opt_state, params, master=None):
     return _cast_like(trainable, params), (None if master is None else trainable), opt_state
 
 
-def _micro_weights(hp: RLHyper, micro: dict) -> jax.Array:
+def _micro_weights(hp: RLHyper, micro: TrainBatch) -> jax.Array:
     """[A] weights of the micro-batches' losses: their share of the minibatch's policy
     tokens (token-mean; `policy_mask`) or of its rows with policy tokens (seq-mean-*), so
     that the accumulated gradient is the gradient of the whole minibatch's policy loss."""
-    mask = policy_mask(micro, hp)  # (A, b, T)
+    mask = policy_mask(micro.batch, hp)  # (A, b, T)
     if hp.loss_agg == "token-mean":
         counts = mask.sum(axis=(1, 2))
     else:
@@ -384,7 +399,8 @@ def _micro_weights(hp: RLHyper, micro: dict) -> jax.Array:
     return counts / jnp.maximum(counts.sum(), 1.0)
 
 
-def train_step(hp, graphdef, tx, state: LearnerState, micro: dict, kl_coef, policy_coef):
+def train_step(hp, graphdef, tx, state: LearnerState, micro: TrainBatch, kl_coef,
+               policy_coef):
     """One optimizer step over a minibatch split as micro-batches (arrays [A, b, T]).
 
     Gradients of the A micro-batches are summed with `_micro_weights`; with a master copy
@@ -471,7 +487,7 @@ def check_frozen_layers(actor_critic, frozen_layers: int) -> None:
         raise ValueError("rl.frozen_layers and model.lora both choose what trains: set one")
 
 
-def consolidate(hp: RLHyper, graphdef, state: LearnerState, batch: dict) -> LearnerState:
+def consolidate(hp: RLHyper, graphdef, state: LearnerState, batch: Batch) -> LearnerState:
     """EWC at the end of a stage: the Fisher of the policy on `batch` (the stage's episodes)
     joins the earlier ones (`hp.ewc_decay`) and the current parameters become the anchor
     (the trainable ones: with LoRA, adapters and value head)."""
@@ -602,17 +618,12 @@ class RLLearner:
             ewc_fisher=fisher,
         )
 
-    def _device_arrays(self, batch: Batch) -> dict:
-        if self.mesh is None:
-            return {k: jnp.asarray(v) for k, v in batch.as_dict().items()}
-        return distributed.global_batch(batch.as_dict(), self.mesh)
-
-    def _row_lengths(self, arrays: dict) -> np.ndarray | None:
+    def _row_lengths(self, batch: Batch) -> np.ndarray | None:
         """Real tokens per row [B] on the host (every process gets all rows), or None
         when minibatches are not cut."""
         if self.length_buckets is None:
             return None
-        return np.asarray(self._count_valid(arrays["valid"]))
+        return np.asarray(self._count_valid(batch.valid))
 
     def _minibatch_length(self, lengths: np.ndarray | None, idx: np.ndarray, full: int) -> int:
         """The padded length a minibatch of rows `idx` is cut to (at most `full`)."""
@@ -620,24 +631,25 @@ class RLLearner:
             return full
         return min(bucket(max(int(lengths[idx].max()), 1), self.length_buckets), full)
 
-    def _micro_batches(self, arrays: dict, idx: np.ndarray, accum: int, length: int,
-                       real: int | None = None) -> dict:
+    def _micro_batches(self, rows: TrainBatch, idx: np.ndarray, accum: int, length: int,
+                       real: int | None = None) -> TrainBatch:
         """Rows `idx`, cut to `length` columns, as [accum, len(idx) // accum, ...], split
         over the mesh's batch axes; with `real`, rows after the first `real` get an all-zero
         action mask (they fill a short minibatch and add nothing to its losses)."""
         b = len(idx) // accum
-        full = arrays["input_ids"].shape[1]
+        full = rows.batch.input_ids.shape[1]
 
-        def rows(v):
+        def take(v):
             v = v[idx]
             if v.ndim >= 2 and v.shape[1] == full:
                 v = v[:, :length]
             return v.reshape((accum, b) + v.shape[1:])
 
-        micro = {k: rows(v) for k, v in arrays.items()}
+        micro = jax.tree.map(take, rows)
         if real is not None and real < len(idx):
-            keep = (np.arange(len(idx)) < real).reshape(accum, b, 1)
-            micro["action_mask"] = micro["action_mask"] * jnp.asarray(keep, jnp.float32)
+            keep = jnp.asarray((np.arange(len(idx)) < real).reshape(accum, b, 1), jnp.float32)
+            batch = dataclasses.replace(micro.batch, action_mask=micro.batch.action_mask * keep)
+            micro = dataclasses.replace(micro, batch=batch)
         if self.mesh is None or b % sharding.batch_shards(self.mesh):
             return micro
         spec = jax.sharding.PartitionSpec(None, sharding.BATCH_AXES)
@@ -648,24 +660,24 @@ class RLLearner:
         policy on `batch` added (a stage's last episodes; see `consolidate`)."""
         if self.hp.ewc_coef <= 0:
             raise ValueError("EWC is off (curriculum.ewc_coef = 0): nothing to consolidate")
-        state = self._consolidate(state, self._device_arrays(batch))
+        state = self._consolidate(state, on_device(batch, self.mesh))
         return state if self.mesh is None else sharding.shard_params(state, self.mesh)
 
     def update(self, state: LearnerState, batch: Batch, key) -> tuple[LearnerState, dict]:
-        arrays = self._device_arrays(batch)
+        batch = on_device(batch, self.mesh)
         kl_coef = jnp.float32(self.kl.value)
-        rows = arrays["input_ids"].shape[0]  # global: every process's rows
+        rows = batch.input_ids.shape[0]  # global: every process's rows
         mb_size = min(self.minibatch_size, rows)
         num_mb = -(-rows // mb_size)  # the last minibatch is topped up, masked out (below)
         accum = self.grad_accum if mb_size % self.grad_accum == 0 else 1
         prepare_rows = self.prepare_rows or mb_size // accum
         start, compiled = time.perf_counter(), compile_cache.compile_seconds()
-        extras, prep_metrics = self._prepare(state, arrays, kl_coef, prepare_rows)
-        jax.block_until_ready(extras)
+        prepared, prep_metrics = self._prepare(state, batch, kl_coef, prepare_rows)
+        jax.block_until_ready(prepared)
         prepare_s = time.perf_counter() - start
-        arrays.update(extras)
+        train_rows = TrainBatch(batch, prepared)
         policy_coef = jnp.float32(0.0 if self.updates < self.value_warmup_updates else 1.0)
-        lengths, full = self._row_lengths(arrays), arrays["input_ids"].shape[1]
+        lengths, full = self._row_lengths(batch), batch.input_ids.shape[1]
         step_metrics = []
         for epoch in range(self.ppo_epochs):
             order = np.asarray(jax.random.permutation(jax.random.fold_in(key, epoch), rows))
@@ -676,7 +688,7 @@ class RLLearner:
                 # compiled size with rows from the epoch's start, whose tokens are masked out.
                 idx = np.concatenate([idx, order[: mb_size - real]])
                 length = self._minibatch_length(lengths, idx[:real], full)
-                micro = self._micro_batches(arrays, idx, accum, length, real)
+                micro = self._micro_batches(train_rows, idx, accum, length, real)
                 state, m = self._train_step(state, micro, kl_coef, policy_coef)
                 step_metrics.append(m)
         metrics = jax.device_get({**prep_metrics, **_mean_metrics(step_metrics)})
@@ -687,7 +699,7 @@ class RLLearner:
         metrics["perf/train_steps_s"] = time.perf_counter() - start - prepare_s
         metrics["perf/learner_compile_s"] = compile_cache.compile_seconds() - compiled
         metrics["losses/skipped_total"] = float(state.skipped)
-        num_tokens = int(jnp.sum(arrays["action_mask"]))
+        num_tokens = int(jnp.sum(batch.action_mask))
         metrics["kl/coef"] = self.kl.value
         self.kl.update(metrics["kl/ref_kl"], num_tokens)
         self.updates += 1

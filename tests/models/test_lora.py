@@ -2,6 +2,7 @@
 value head) get gradients and optimizer state, the reference is the base model, the merged
 export loads in transformers, checkpoints keep adapters, the planner counts them."""
 
+import dataclasses
 import os
 
 import jax
@@ -167,6 +168,7 @@ def _batch(seed=0):
 @pytest.mark.parametrize("critic", ["head", "separate"])
 def test_gradients_and_optimizer_state_cover_adapters_and_value_head_only(critic):
     from jaxrl_agents.trainer import rl
+    from jaxrl_agents.trainer.rl_batch import TrainBatch, on_device
 
     learner, state, _, _ = _learner(critic)
     assert state.ref_params is None  # no second copy of the model
@@ -179,10 +181,11 @@ def test_gradients_and_optimizer_state_cover_adapters_and_value_head_only(critic
     moments = optax.tree_utils.tree_get_all_with_path(state.opt_state, "mu")
     assert [len(jax.tree.leaves(v)) for _, v in moments] == [len(jax.tree.leaves(trainable))]
 
-    arrays = {k: jnp.asarray(v) for k, v in _batch().as_dict().items()}
-    extras, _ = learner._prepare(state, arrays, jnp.float32(0.0), None)
-    mb = {**arrays, **extras}
-    mb["advantages"] = jnp.ones_like(mb["advantages"])  # a policy gradient that is not 0
+    arrays = on_device(_batch())
+    prepared, _ = learner._prepare(state, arrays, jnp.float32(0.0), None)
+    # advantages 1: a policy gradient that is not 0
+    prepared = dataclasses.replace(prepared, advantages=jnp.ones_like(prepared.advantages))
+    mb = TrainBatch(arrays, prepared)
 
     def loss(t):
         params = lora.merge_trainable(t, frozen)
@@ -209,18 +212,19 @@ def test_gradients_and_optimizer_state_cover_adapters_and_value_head_only(critic
 
 def test_reference_logprobs_are_the_base_models():
     from jaxrl_agents.trainer import rl
+    from jaxrl_agents.trainer.rl_batch import on_device
 
     learner, state, _, base = _learner()
     for i in range(3):  # the adapters move away from zero
         state, _ = learner.update(state, _batch(i), jax.random.key(i))
-    arrays = {k: jnp.asarray(v) for k, v in _batch(7).as_dict().items()}
-    extras, _ = learner._prepare(state, arrays, jnp.float32(0.0), None)
+    arrays = on_device(_batch(7))
+    prepared, _ = learner._prepare(state, arrays, jnp.float32(0.0), None)
     graphdef, params = nnx.split(base)
     expected = rl._ref_logprobs(graphdef, params, arrays, learner.hp)
     # equal up to float32 rounding (prepare is one jitted program, this is eager)
-    np.testing.assert_allclose(extras["ref_logprobs"], expected, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(prepared.ref_logprobs, expected, rtol=1e-6, atol=1e-6)
     policy_logp = rl.episode_logprobs(learner.graphdef, state.params, arrays, learner.hp)
-    base_logp = (expected * arrays["action_mask"]).sum(axis=1)
+    base_logp = (expected * arrays.action_mask).sum(axis=1)
     assert float(jnp.abs(policy_logp - base_logp).max()) > 1e-4  # the adapters do act
 
 

@@ -11,11 +11,8 @@ from flax import nnx
 
 from jaxrl_agents.trainer import ewc
 from jaxrl_agents.trainer.rl import RLHyper, RLLearner, episode_logprobs
+from jaxrl_agents.trainer.rl_batch import on_device
 from tests.trainer.helpers import random_batch, tiny_actor_critic
-
-
-def _arrays(batch):
-    return {k: jnp.asarray(v) for k, v in batch.as_dict().items()}
 
 
 def test_diagonal_fisher_is_the_mean_squared_episode_gradient():
@@ -23,12 +20,12 @@ def test_diagonal_fisher_is_the_mean_squared_episode_gradient():
     graphdef, params = nnx.split(ac)
     batch = random_batch(0)
     batch.row_valid[-1] = 0.0  # a filler row does not count
-    arrays = _arrays(batch)
+    arrays = on_device(batch)
     hp = RLHyper.defaults()
     logp_fn = lambda p, rows: episode_logprobs(graphdef, p, rows, hp)  # noqa: E731
     fisher = jax.jit(ewc.diagonal_fisher, static_argnums=0)(logp_fn, params, arrays)
     rows = [i for i in range(batch.shape[0]) if batch.row_valid[i]]
-    grads = [jax.grad(lambda p, i=i: logp_fn(p, {k: v[i:i + 1] for k, v in arrays.items()})[0])(
+    grads = [jax.grad(lambda p, i=i: logp_fn(p, jax.tree.map(lambda v: v[i:i + 1], arrays))[0])(
         params) for i in rows]
     want = jax.tree.map(lambda *g: np.mean([np.square(np.asarray(x, np.float64)) for x in g], 0),
                         *grads)

@@ -6,6 +6,8 @@ log-probs and advantages either way; a gradient step from the cached output equa
 through the whole model with the frozen gradients zeroed; an update leaves the frozen
 parameters bit for bit as they were and moves the rest."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,6 +17,7 @@ from flax import nnx
 
 from jaxrl_agents.models import ModelConfig, Transformer, build_actor_critic, lora
 from jaxrl_agents.trainer.rl import RLHyper, RLLearner, train_step
+from jaxrl_agents.trainer.rl_batch import TrainBatch, on_device
 from tests.trainer.helpers import VOCAB, random_batch
 
 LAYERS = 3
@@ -31,10 +34,6 @@ def _actor_critic(scan: bool, critic: str = "head", seed: int = 0):
 def _learner(ac, frozen: int, tx=None, **kw):
     hp = RLHyper.defaults(estimator="gae", entropy_coef=0.01, frozen_layers=frozen)
     return RLLearner(ac, hp, tx or optax.adam(3e-2), ppo_epochs=1, minibatch_size=8, **kw)
-
-
-def _arrays(batch):
-    return {k: jnp.asarray(v) for k, v in batch.as_dict().items()}
 
 
 def _leaves(state):
@@ -56,30 +55,34 @@ def test_upper_layers_continue_the_lower_ones_exactly(scan):
 
 @pytest.mark.parametrize("scan", [True, False])
 def test_prepare_gives_the_same_targets_from_the_cached_lower_layers(scan):
-    ac, arrays = _actor_critic(scan), _arrays(random_batch(0))
+    ac, arrays = _actor_critic(scan), on_device(random_batch(0))
     results = []
     for frozen in (0, 2):
         learner = _learner(ac, frozen)
-        extras, metrics = learner._prepare(learner.init_state(ac), arrays, jnp.float32(0.1), 4)
-        results.append((extras, metrics))
+        prepared, metrics = learner._prepare(learner.init_state(ac), arrays, jnp.float32(0.1), 4)
+        results.append((prepared, metrics))
     (plain, m0), (cached, m2) = results
-    assert "lower_hidden" not in plain and cached["lower_hidden"].shape == (
-        *arrays["input_ids"].shape, 32)
-    for key in plain:
-        np.testing.assert_allclose(cached[key], plain[key], rtol=1e-5, atol=1e-6, err_msg=key)
+    assert plain.lower_hidden is None and cached.lower_hidden.shape == (
+        *arrays.input_ids.shape, 32)
+    for field in dataclasses.fields(plain):
+        key = field.name
+        if key != "lower_hidden":
+            np.testing.assert_allclose(getattr(cached, key), getattr(plain, key), rtol=1e-5,
+                                       atol=1e-6, err_msg=key)
     for key in m0:
         assert float(m2[key]) == pytest.approx(float(m0[key]), rel=1e-5, abs=1e-6), key
 
 
 @pytest.mark.parametrize("scan", [True, False])
 def test_a_step_from_the_cached_output_equals_one_through_the_whole_model(scan):
-    ac, arrays = _actor_critic(scan), _arrays(random_batch(1))
+    ac, arrays = _actor_critic(scan), on_device(random_batch(1))
     learner = _learner(ac, 2, optax.sgd(0.1))  # parameter changes linear in the gradients
     state = learner.init_state(ac)
-    extras, _ = learner._prepare(state, arrays, jnp.float32(0.0), 8)
-    rows = {**arrays, **extras}
+    prepared, _ = learner._prepare(state, arrays, jnp.float32(0.0), 8)
+    rows = TrainBatch(arrays, prepared)
     with_cache = jax.tree.map(lambda v: v[None], rows)  # one micro-batch of all rows
-    without = {k: v for k, v in with_cache.items() if k != "lower_hidden"}
+    without = dataclasses.replace(
+        with_cache, prepared=dataclasses.replace(with_cache.prepared, lower_hidden=None))
     step = jax.jit(lambda s, m: train_step(learner.hp, learner.graphdef, learner.tx, s, m,
                                            jnp.float32(0.0), jnp.float32(1.0)))
     copy = lambda s: jax.tree.map(jnp.copy, s)  # noqa: E731 (the step donates nothing here)

@@ -1,3 +1,4 @@
+import dataclasses
 import functools
 
 import jax
@@ -8,6 +9,7 @@ import pytest
 
 from jaxrl_agents.trainer.kl_control import KLController
 from jaxrl_agents.trainer.rl import RLHyper, RLLearner
+from jaxrl_agents.trainer.rl_batch import TrainBatch, on_device
 from tests.trainer.helpers import VOCAB, learning_metrics, random_batch, tiny_actor_critic
 
 
@@ -44,10 +46,8 @@ def test_first_ratio_is_one_when_logprobs_match_the_policy():
     learner, state = _learner("gae")
     batch = random_batch(2)
     # Replace the sampling log-probs with the policy's own.
-    extras, _ = learner._prepare(
-        state, {k: jnp.asarray(v) for k, v in batch.as_dict().items()}, jnp.float32(0.0)
-    )
-    batch.old_logprobs = np.asarray(extras["ref_logprobs"]) * batch.action_mask
+    prepared, _ = learner._prepare(state, on_device(batch), jnp.float32(0.0))
+    batch.old_logprobs = np.asarray(prepared.ref_logprobs) * batch.action_mask
     learner.ppo_epochs = 1
     learner.minibatch_size = batch.shape[0]
     _, metrics = learner.update(state, batch, jax.random.key(0))
@@ -181,14 +181,14 @@ def test_prepare_in_row_chunks_equals_the_whole_batch(estimator):
     passes are chunked."""
     learner, state = _learner(estimator)
     prepare = _jitted_prepare(learner)
-    arrays = {k: jnp.asarray(v) for k, v in random_batch(5).as_dict().items()}
+    arrays = on_device(random_batch(5))
     kl = jnp.float32(0.1)
     whole = prepare(state, arrays, kl, None)
     for rows in (4, 2, 1):
         chunked = prepare(state, arrays, kl, rows)
         for a, b in zip(jax.tree.leaves(chunked), jax.tree.leaves(whole)):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=str(rows))
-    assert float(jnp.abs(whole[0]["advantages"]).max()) > 0
+    assert float(jnp.abs(whole[0].advantages).max()) > 0
 
 
 def test_prepare_in_row_chunks_holds_one_chunk_of_logits():
@@ -204,8 +204,8 @@ def test_prepare_in_row_chunks_holds_one_chunk_of_logits():
     ac = build_actor_critic(tiny_policy(vocab_size=512), "head", rngs=nnx.Rngs(1))
     learner = RLLearner(ac, RLHyper.defaults(estimator="gae"), optax.adam(1e-3), minibatch_size=8)
     state = learner.init_state(ac)
-    indexed = {k: jnp.asarray(v) for k, v in random_batch(0).as_dict().items()}
-    arrays = {k: v for k, v in indexed.items() if k != "loss_index"}
+    indexed = on_device(random_batch(0))
+    arrays = dataclasses.replace(indexed, loss_index=None)
     prepare = _jitted_prepare(learner)
 
     def temp_bytes(rows, batch=arrays):
@@ -213,13 +213,13 @@ def test_prepare_in_row_chunks_holds_one_chunk_of_logits():
         return compiled.memory_analysis().temp_size_in_bytes
 
     whole, quarter = temp_bytes(None), temp_bytes(2)
-    logits = arrays["input_ids"].size * 512 * 4
+    logits = arrays.input_ids.size * 512 * 4
     assert whole > logits  # the whole batch's logits are live at once
     assert quarter < 0.5 * whole, (quarter, whole)
-    index = indexed["loss_index"]
-    assert index.shape[1] < arrays["input_ids"].shape[1]
+    index = indexed.loss_index
+    assert index.shape[1] < arrays.input_ids.shape[1]
     at_actions = temp_bytes(None, indexed)
-    assert at_actions < logits * index.shape[1] / arrays["input_ids"].shape[1] + 0.5 * logits
+    assert at_actions < logits * index.shape[1] / arrays.input_ids.shape[1] + 0.5 * logits
     assert at_actions < 0.75 * whole, (at_actions, whole)
 
 
@@ -282,8 +282,6 @@ def test_a_cut_episode_is_bootstrapped_with_the_value_of_its_final_observation(b
     observation as prompt tokens. Bootstrapped, the return of its last action token is
     0.3 + gamma * V(the final observation's last token), that value read from the critic
     here; by default, or when the record ends at the action, the return is the reward."""
-    import dataclasses
-
     from flax import nnx
 
     from jaxrl_agents.data import ACTION, PROMPT, Trajectory, pack
@@ -299,11 +297,10 @@ def test_a_cut_episode_is_bootstrapped_with_the_value_of_its_final_observation(b
     ended_at_action = Trajectory(prompt + action, [PROMPT] * 3 + [ACTION] * 2, np.zeros(5),
                                  [0, 0, 0, 0, 0.3], [4], truncated=True)
     batch = pack([ended_at_observation, ended_at_action], length_buckets=(8,))
-    arrays = {k: jnp.asarray(v) for k, v in batch.as_dict().items()}
-    returns = _jitted_prepare(learner)(state, arrays, jnp.float32(0.0), None)[0]["returns"]
+    arrays = on_device(batch)
+    returns = _jitted_prepare(learner)(state, arrays, jnp.float32(0.0), None)[0].returns
     model = nnx.merge(learner.graphdef, state.params)
-    _, values = model.hidden_and_values(arrays["input_ids"], arrays["positions"],
-                                        arrays["valid"])
+    _, values = model.hidden_and_values(arrays.input_ids, arrays.positions, arrays.valid)
     v_final = float(values[0, 7])
     assert abs(v_final) > 1e-3
     expected = 0.3 + learner.hp.gamma * v_final if bootstrap else 0.3
@@ -314,8 +311,6 @@ def test_a_cut_episode_is_bootstrapped_with_the_value_of_its_final_observation(b
 def test_cutting_minibatches_to_their_own_length_changes_nothing():
     """A batch padded far past its episodes (T=64, episodes of 9-24 tokens): minibatches
     cut to their own bucket give the update of the uncut batch."""
-    import dataclasses
-
     ac, batch = tiny_actor_critic(), random_batch(7)
     widen = lambda v: np.pad(v, ((0, 0), (0, 64 - v.shape[1]))) if v.ndim == 2 else v
     batch = dataclasses.replace(batch, **{k: widen(v) for k, v in batch.as_dict().items()})
@@ -327,9 +322,9 @@ def test_cutting_minibatches_to_their_own_length_changes_nothing():
         learner = RLLearner(ac, hp, optax.sgd(0.02), ppo_epochs=2, minibatch_size=2,
                             length_buckets=buckets)
 
-        def recording(arrays, idx, accum, length, real=None, cut=learner._micro_batches):
+        def recording(rows, idx, accum, length, real=None, cut=learner._micro_batches):
             cut_lengths.append(length)
-            return cut(arrays, idx, accum, length, real)
+            return cut(rows, idx, accum, length, real)
 
         learner._micro_batches = recording
         state, metrics = learner.update(learner.init_state(ac), batch, jax.random.key(0))
@@ -366,9 +361,9 @@ def test_logits_made_in_chunks_give_the_same_update_and_hold_less_memory(at_acti
         hp = RLHyper.defaults(estimator="gae", entropy_coef=0.01, logits_chunk=chunk)
         learner = RLLearner(ac, hp, optax.adam(3e-3), ppo_epochs=1, minibatch_size=8)
         state = learner.init_state(ac)
-        arrays = {k: jnp.asarray(v) for k, v in batch.as_dict().items()}
-        extras, _ = learner._prepare(state, arrays, jnp.float32(0.0), None)
-        micro = jax.tree.map(lambda x: x[None], {**arrays, **extras})
+        arrays = on_device(batch)
+        prepared, _ = learner._prepare(state, arrays, jnp.float32(0.0), None)
+        micro = jax.tree.map(lambda x: x[None], TrainBatch(arrays, prepared))
         step = jax.jit(functools.partial(rl.train_step, hp, learner.graphdef, learner.tx))
         compiled = step.lower(state, micro, jnp.float32(0.0), jnp.float32(1.0)).compile()
         temp.append(compiled.memory_analysis().temp_size_in_bytes)
@@ -396,21 +391,19 @@ def test_learner_log_probs_are_those_of_the_tempered_policy(temperature, chunk):
     learner = RLLearner(ac, hp, optax.adam(1e-3), ppo_epochs=1, minibatch_size=8)
     state = learner.init_state(ac)
     batch = random_batch(4)
-    arrays = {k: jnp.asarray(v) for k, v in batch.as_dict().items()}
-    extras, _ = learner._prepare(state, arrays, jnp.float32(0.0), None)
-    logits = np.asarray(ac.policy(arrays["input_ids"], arrays["positions"], arrays["valid"]))
+    arrays = on_device(batch)
+    prepared, _ = learner._prepare(state, arrays, jnp.float32(0.0), None)
+    logits = np.asarray(ac.policy(arrays.input_ids, arrays.positions, arrays.valid))
     logp = jax.nn.log_softmax(logits[:, :-1] / temperature, axis=-1)
     expected = np.take_along_axis(np.asarray(logp), batch.input_ids[:, 1:, None], -1)[..., 0]
     mask = batch.action_mask[:, 1:]
-    np.testing.assert_allclose(np.asarray(extras["ref_logprobs"])[:, 1:] * mask,
+    np.testing.assert_allclose(np.asarray(prepared.ref_logprobs)[:, 1:] * mask,
                                expected * mask, atol=1e-5)
 
 
 def _with_forced_tokens(batch, seed=0):
     """`batch` with constrained-decoding lists: about half its action tokens forced (one
     allowed id: the token itself), the rest decisions between the token and another id."""
-    import dataclasses
-
     rng = np.random.default_rng(seed)
     ids = batch.input_ids
     allowed = np.full(ids.shape + (2,), -1, np.int32)
@@ -481,9 +474,9 @@ def test_every_row_is_used_every_epoch_when_the_minibatch_does_not_divide_the_ba
                         minibatch_size=3)
     seen = []
 
-    def recording(arrays, idx, accum, length, real=None, cut=learner._micro_batches):
-        micro = cut(arrays, idx, accum, length, real)
-        counted = np.asarray(micro["action_mask"]).reshape(len(idx), -1).sum(axis=1) > 0
+    def recording(rows, idx, accum, length, real=None, cut=learner._micro_batches):
+        micro = cut(rows, idx, accum, length, real)
+        counted = np.asarray(micro.batch.action_mask).reshape(len(idx), -1).sum(axis=1) > 0
         seen.append(idx[counted[:len(idx)]])
         return micro
 
