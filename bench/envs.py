@@ -112,7 +112,9 @@ class InProcess:
 
 
 def play(pool: EnvPool | InProcess, policy: str, seconds: float) -> dict:
-    """Plays all envs of `pool` for about `seconds`; returns counts and the elapsed time."""
+    """Plays all envs of `pool` for about `seconds`, and on until one episode has ended (a
+    rate over no finished episode says nothing, as on a machine busy with other work);
+    returns counts and the elapsed time."""
     player = Player(policy)
     ids = list(range(len(pool)))
     counts = {"steps": 0, "episodes": 0, "won": 0, "failed": 0}
@@ -121,7 +123,7 @@ def play(pool: EnvPool | InProcess, policy: str, seconds: float) -> dict:
     last = dict(zip(ids, pool.reset(ids)))
     for env_id in ids:
         player.start(env_id)
-    while time.perf_counter() - start < seconds:
+    while time.perf_counter() - start < seconds or not counts["episodes"]:
         actions = {i: player.action(i, pool.tasks[i], last[i]) for i in ids}
         if any(action is None for action in actions.values()):
             return {"unsupported": "no admissible_commands in info"}
