@@ -89,7 +89,7 @@ def test_keep_best_ends_on_the_epoch_of_lowest_validation_loss():
 
 
 def test_target_all_models_every_token_and_bad_target_is_an_error():
-    """target="all" (the pretraining warm-up) learns the observation tokens too: in the copy
+    """target="all" (language-model pretraining) learns the observation tokens too: in the copy
     task the prompt tokens 1 and 2 are fixed, so only an every-token loss gets them right."""
     policy = tiny_policy(vocab_size=16)
     trainer = SFTTrainer(policy, learning_rate=3e-3, batch_size=4, epochs=6, val_fraction=0.25,
