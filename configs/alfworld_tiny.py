@@ -1,5 +1,5 @@
 """ALFWorld at CPU scale: the demo's recipe (configs/textworld_tiny.py: tokenizer, 1M-parameter
-decoder, LM warm-up, SFT on 50 golden trajectories, 10 PPO updates of 32 episodes,
+decoder, LM pretraining, SFT on 50 golden trajectories, 10 PPO updates of 32 episodes,
 constrained decoding over the offered commands) on generated ALFWorld games of one task type.
 
 Games are generated offline (envs/alfworld_gen.py, cached) with 3 objects and 3 receptacles:

@@ -134,7 +134,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.kl.warmup_start = 0.01  # warmup: coefficient at the start
     c.kl.warmup_updates = 100  # warmup: updates to reach `coef`
 
-    # --- pretrain: language-model warm-up of a model trained from scratch (demos) ---------
+    # --- pretrain: language-model pretraining of a model trained from scratch (demos) ----
     c.pretrain = ml_collections.ConfigDict()
     c.pretrain.episodes_per_task = 0  # random-play transcripts per train task to LM on; 0 = off
     c.pretrain.epochs = 2  # passes over the random-play transcripts

@@ -2,7 +2,7 @@
 
 Games are generated with TextWorld's own generator and cached; train and held-out games
 come from disjoint splits. A byte-level BPE tokenizer is trained on the games' text, a
-few-million-parameter decoder is trained from scratch: a language-model warm-up on
+few-million-parameter decoder is trained from scratch: language-model pretraining on
 random-play transcripts of the train games (no gold actions), SFT on 50 golden
 trajectories, then PPO with GAE and a critic head, 8 steps per episode, dense rewards.
 Observations are "compact_goal" (admissible commands listed, the goal on every turn) and

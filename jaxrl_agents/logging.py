@@ -221,7 +221,7 @@ class RunLogger:
     @contextlib.contextmanager
     def phase(self, name: str, total: int, unit: str):
         """A second progress bar, under the updates' one, for work before or between
-        updates (warm-up, SFT, an evaluation): yields `advance(n=1)`. Without the updates'
+        updates (pretraining, SFT, an evaluation): yields `advance(n=1)`. Without the updates'
         bar (progress_bar off, or not the main process) `advance` does nothing."""
         if self._bar is None:
             yield lambda n=1: None

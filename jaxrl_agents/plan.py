@@ -17,8 +17,8 @@ with the batch is counted (R(2b) - R(b)), so parameters the backward pass reads 
 counted twice. With remat, one layer's forward is recomputed at a time during the
 backward pass: the residuals of one un-rematerialised layer are added for that.
 
-The supervised phases before RL (the language-model warm-up, SFT) get a peak each
-(`warmup_peak`): the actor-critic's parameters, the SFT optimizer's state, two sets of
+The supervised phases before RL (the language-model pretraining, SFT) get a peak each
+(`supervised_peak`): the actor-critic's parameters, the SFT optimizer's state, two sets of
 gradients and the residuals of `sft.sft_loss` for one of their micro-batches, whose rows
 are not split over devices.
 
@@ -350,7 +350,7 @@ def sft_residual_bytes(mc: ModelConfig, rows: int, length: int, target: str,
                                                                       choice_width)))
 
 
-def warmup_phases(cfg) -> list[tuple[str, int, int, str, int | None]]:
+def supervised_phases(cfg) -> list[tuple[str, int, int, str, int | None]]:
     """The supervised phases before RL: (name, micro-batch rows, tokens per row, SFT
     target, choice width), as `supervised.run_pretrain` and `run_sft` set up their
     `SFTTrainer`s (one micro-batch is batch_size / grad_accum rows, rounded up)."""
@@ -359,14 +359,14 @@ def warmup_phases(cfg) -> list[tuple[str, int, int, str, int | None]]:
     phases = []
     if cfg.pretrain.episodes_per_task > 0:
         rows = -(-cfg.pretrain.batch_size // cfg.pretrain.grad_accum)
-        phases.append(("language-model warm-up", rows, length, "all", None))
+        phases.append(("language-model pretraining", rows, length, "all", None))
     if cfg.sft.enabled:
         rows = -(-cfg.sft.batch_size // cfg.sft.grad_accum)
         phases.append(("SFT", rows, length, "actions", width))
     return phases
 
 
-def warmup_terms(cfg, mc: ModelConfig, mesh, resident: int) -> dict[str, dict[str, int]]:
+def supervised_terms(cfg, mc: ModelConfig, mesh, resident: int) -> dict[str, dict[str, int]]:
     """Per-device terms of each supervised phase's peak: what stays resident (`resident`:
     the actor-critic's parameters), the SFT optimizer's state, the accumulated and one
     micro-batch's gradients, and one micro-batch's activations (its rows are not split
@@ -378,7 +378,7 @@ def warmup_terms(cfg, mc: ModelConfig, mesh, resident: int) -> dict[str, dict[st
     params = lora.trainable(params)  # with LoRA: gradients and Adam moments of adapters only
     grads = per_device_bytes(params, mesh)
     terms = {}
-    for name, rows, length, target, width in warmup_phases(cfg):
+    for name, rows, length, target, width in supervised_phases(cfg):
         state = cfg.sft.optimizer_state if target == "actions" else "float32"
         opt_state = jax.eval_shape(optim.adam(lambda step: 0.0, state=state).init, params)
         act = _growing_residuals(
@@ -395,9 +395,9 @@ def warmup_terms(cfg, mc: ModelConfig, mesh, resident: int) -> dict[str, dict[st
     return terms
 
 
-def warmup_peak(cfg, mc: ModelConfig, mesh, resident: int) -> dict[str, int]:
-    """Per-device peak of each supervised phase: the sum of its `warmup_terms`."""
-    return {name: sum(t.values()) for name, t in warmup_terms(cfg, mc, mesh, resident).items()}
+def supervised_peak(cfg, mc: ModelConfig, mesh, resident: int) -> dict[str, int]:
+    """Per-device peak of each supervised phase: the sum of its `supervised_terms`."""
+    return {name: sum(t.values()) for name, t in supervised_terms(cfg, mc, mesh, resident).items()}
 
 
 def kv_cache_spec(
@@ -447,19 +447,19 @@ def prefill_scratch_bytes(cfg, mc: ModelConfig, mesh) -> int:
 class Plan:
     """Per-device bytes of each part (`rows`), the phases' peaks, the sizes used, and the
     terms each phase's peak adds up (`phases`: "training step", "rollout", "evaluation" (of
-    pretrained weights: no learner state) and the supervised phases of `warmup_phases`,
+    pretrained weights: no learner state) and the supervised phases of `supervised_phases`,
     {phase: {term: bytes}})."""
 
     rows: dict[str, int]
     train_peak: int
     rollout_peak: int
     info: dict
-    warmup_peaks: dict[str, int] = dataclasses.field(default_factory=dict)
+    supervised_peaks: dict[str, int] = dataclasses.field(default_factory=dict)
     phases: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
 
     @property
     def peak(self) -> int:
-        return max(self.train_peak, self.rollout_peak, *self.warmup_peaks.values())
+        return max(self.train_peak, self.rollout_peak, *self.supervised_peaks.values())
 
 
 def train_shape(cfg, mesh) -> tuple[int, int, int]:
@@ -487,7 +487,8 @@ def make_plan(cfg, mc: ModelConfig, mesh) -> Plan:
     }
     rows["other learner state"] = per_device_bytes(others, mesh)  # e.g. master weights
     resident = list(rows)
-    warmup = warmup_terms(cfg, mc, mesh, rows["policy parameters"] + rows["critic parameters"])
+    supervised = supervised_terms(cfg, mc, mesh,
+                                  rows["policy parameters"] + rows["critic parameters"])
     # The update is a scan over micro-batches: the accumulated gradients (carry) and one
     # micro-batch's gradients are both live when they are added. They are taken with
     # respect to the trainable parameters (with LoRA: adapters and value head), or their
@@ -514,7 +515,7 @@ def make_plan(cfg, mc: ModelConfig, mesh) -> Plan:
         "training step": {name: rows[name] for name in training},
         "rollout": {name: rows[name] for name in rollout},
         "evaluation": {name: rows[name] for name in evaluation},
-        **warmup,
+        **supervised,
     }
     train_peak = sum(phases["training step"].values())
     rollout_peak = sum(phases["rollout"].values())
@@ -536,8 +537,8 @@ def make_plan(cfg, mc: ModelConfig, mesh) -> Plan:
             "reference policy": tree_bytes(state.ref_params),
         },
     }
-    warmup_peaks = {name: sum(terms.values()) for name, terms in warmup.items()}
-    return Plan(rows, train_peak, rollout_peak, info, warmup_peaks, phases)
+    supervised_peaks = {name: sum(terms.values()) for name, terms in supervised.items()}
+    return Plan(rows, train_peak, rollout_peak, info, supervised_peaks, phases)
 
 
 def verdict(plan: Plan, device_bytes: int, headroom: float = 0.1) -> tuple[bool, str]:
@@ -579,7 +580,8 @@ def format_plan(plan: Plan, device_name: str, device_bytes: int, headroom: float
     lines += [
         f"{'peak, training step':<38}{plan.train_peak / GIB:>10.3f}",
         f"{'peak, rollout':<38}{plan.rollout_peak / GIB:>10.3f}",
-        *(f"{'peak, ' + name:<38}{peak / GIB:>10.3f}" for name, peak in plan.warmup_peaks.items()),
+        *(f"{'peak, ' + name:<38}{peak / GIB:>10.3f}"
+          for name, peak in plan.supervised_peaks.items()),
         "",
         verdict(plan, device_bytes, headroom)[1],
     ]

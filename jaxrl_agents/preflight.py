@@ -76,12 +76,12 @@ PHASE_SETTINGS = {
         "sft.grad_accum (sft.batch_size / sft.grad_accum rows per micro-batch), "
         'model.remat="full" or rollout.max_context',
     ("SFT", "activations (one layer recomputed)"): "sft.grad_accum or rollout.max_context",
-    ("language-model warm-up", "optimizer state"): "model.lora.rank > 0 (the warm-up keeps "
-                                                   "float32 moments)",
-    ("language-model warm-up", "activations (saved for backward)"):
+    ("language-model pretraining", "optimizer state"): "model.lora.rank > 0 (pretraining "
+                                                        "keeps float32 moments)",
+    ("language-model pretraining", "activations (saved for backward)"):
         "pretrain.grad_accum (pretrain.batch_size / pretrain.grad_accum rows per "
         'micro-batch), model.remat="full" or rollout.max_context',
-    ("language-model warm-up", "activations (one layer recomputed)"):
+    ("language-model pretraining", "activations (one layer recomputed)"):
         "pretrain.grad_accum or rollout.max_context",
 }
 

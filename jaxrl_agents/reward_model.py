@@ -52,7 +52,7 @@ from jaxrl_agents.data import Trajectory, pack
 from jaxrl_agents.data.dump import LABELS, labels, read_jsonl
 from jaxrl_agents.models import Critic, ModelConfig, Transformer, ValueHead
 from jaxrl_agents.trainer import optim
-from jaxrl_agents.trainer.sft import split_train_val
+from jaxrl_agents.trainer.fit import history_row, seeded_orders, split_train_val, train_epochs
 
 MODES = ("episode", "turn")
 _STEP = 0  # the one checkpoint step a saved reward model has
@@ -95,12 +95,14 @@ def rm_loss(graphdef, params, batch: dict):
     return loss, {"loss": loss, "accuracy": kernels.masked_mean(correct, rows)}
 
 
-def _train_step(graphdef, tx, params, opt_state, batch):
+def _train_step(graphdef, tx, state, batch):
+    """One optimizer step on `batch`: state (params, opt_state) -> (state, metrics)."""
+    params, opt_state = state
     (_, metrics), grads = jax.value_and_grad(functools.partial(rm_loss, graphdef), has_aux=True)(
         params, batch
     )
     updates, opt_state = tx.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, metrics
+    return (optax.apply_updates(params, updates), opt_state), metrics
 
 
 class RewardModel:
@@ -225,23 +227,17 @@ class RewardModel:
         tx = optim.adam(optax.constant_schedule(learning_rate), max_grad_norm)
         step = jax.jit(functools.partial(_train_step, self.graphdef, tx))
         params = nnx.state(self.critic)
-        opt_state = tx.init(params)
-        rng = np.random.default_rng(seed)
         history = []
-        for epoch in range(epochs):
-            order = rng.permutation(len(train))
-            losses = []
-            for part in self._chunks(len(train)):
-                chunk = [train[j] for j in order[part]]
-                batch = self._arrays([t for t, _ in chunk], [y for _, y in chunk])
-                params, opt_state, metrics = step(params, opt_state, batch)
-                losses.append(float(metrics["loss"]))
-            row = {
-                "epoch": epoch + 1,
-                "train_loss": float(np.mean(losses)),
-                "num_train": len(train),
-                "num_val": len(val),
-            }
+
+        def batch_of(rows, _):
+            return self._arrays([train[j][0] for j in rows], [train[j][1] for j in rows])
+
+        passes = train_epochs(step, (params, tx.init(params)),
+                              order=seeded_orders(len(train), seed),
+                              rows_per_step=self.batch_size, batch_of=batch_of,
+                              num_epochs=epochs, fetch_metrics=True)
+        for epoch, (params, _), metrics in passes:
+            row = history_row(epoch, metrics, "loss", num_train=len(train), num_val=len(val))
             if val:
                 row.update({f"val_{k}": v for k, v in self._evaluate(params, val).items()})
             history.append(row)

@@ -139,22 +139,22 @@ def test_sft_activation_estimate_close_to_compiled_temp_bytes(target):
     assert temp / ACTIVATION_FACTOR <= total <= temp * ACTIVATION_FACTOR, (est, temp)
 
 
-def test_warmup_phases_get_a_peak_that_grad_accum_lowers():
-    """The warm-up and SFT rows follow the config: present when the phase runs, their
+def test_supervised_phases_get_a_peak_that_grad_accum_lowers():
+    """The pretraining and SFT rows follow the config: present when the phase runs, their
     activations split by grad_accum, and the plan's peak covers them."""
     base = {"pretrain.episodes_per_task": 2, "pretrain.batch_size": 8, "sft.batch_size": 8,
             "rollout.max_context": 512}
     mesh = plan.abstract_mesh({"data": 1}, 1)
     cfg = tiny_config(**base)
     whole = plan.make_plan(cfg, plan.model_config(cfg), mesh)
-    assert set(whole.warmup_peaks) == {"language-model warm-up", "SFT"}
-    assert whole.peak >= max(whole.warmup_peaks.values())
+    assert set(whole.supervised_peaks) == {"language-model pretraining", "SFT"}
+    assert whole.peak >= max(whole.supervised_peaks.values())
     cfg = tiny_config(**base, **{"pretrain.grad_accum": 4, "sft.enabled": False})
     split = plan.make_plan(cfg, plan.model_config(cfg), mesh)
-    assert set(split.warmup_peaks) == {"language-model warm-up"}
+    assert set(split.supervised_peaks) == {"language-model pretraining"}
     fixed = whole.rows["policy parameters"]  # a lower bound of what does not shrink
-    assert (split.warmup_peaks["language-model warm-up"] - fixed
-            < 0.5 * (whole.warmup_peaks["language-model warm-up"] - fixed))
+    assert (split.supervised_peaks["language-model pretraining"] - fixed
+            < 0.5 * (whole.supervised_peaks["language-model pretraining"] - fixed))
 
 
 def test_remat_shrinks_saved_activations_and_rows_scale_them():

@@ -85,16 +85,16 @@ def test_a_supervised_phase_names_its_own_settings():
 
 
 def test_every_term_of_the_plan_has_a_setting_that_reduces_it(tiny_plan):
-    cfg = config(**{"pretrain.episodes_per_task": 1})  # adds the language-model warm-up
+    cfg = config(**{"pretrain.episodes_per_task": 1})  # adds the language-model pretraining
     result = plan.make_plan(cfg, preflight.planned_model(cfg), preflight.run_mesh(cfg))
     assert set(result.phases) == {"training step", "rollout", "evaluation",
-                                  "language-model warm-up", "SFT"}
+                                  "language-model pretraining", "SFT"}
     for phase, terms in result.phases.items():
         for term in terms:
             assert (phase, term) in preflight.PHASE_SETTINGS or term in preflight.SETTINGS
     assert result.train_peak == sum(result.phases["training step"].values())
     assert result.rollout_peak == sum(result.phases["rollout"].values())
-    assert result.warmup_peaks["SFT"] == sum(result.phases["SFT"].values())
+    assert result.supervised_peaks["SFT"] == sum(result.phases["SFT"].values())
 
 
 def test_a_config_that_fits_starts_and_one_near_the_limit_warns(tiny_plan, capsys):

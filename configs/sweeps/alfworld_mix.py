@@ -3,7 +3,7 @@
 
 `single` trains on pick_and_place_simple only; `mix` draws every batch from the six types
 with equal weights (no core share) and has 11 training games per type (66 in all against
-single's 64), so both arms get about as many distinct training games, LM warm-up
+single's 64), so both arms get about as many distinct training games, LM pretraining
 transcripts and golden trajectories (50; mix: 8-9 per type) and the same 320 RL episodes.
 Both play the 50 held-out games of every type after SFT and after RL (`env.eval_tasks`):
 eval.json holds "sft:<task>" / "rl:<task>" per type, and "sft" / "rl" over all 300 games.

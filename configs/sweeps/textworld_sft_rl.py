@@ -1,9 +1,9 @@
 """SFT then RL vs pure SFT vs pure RL on the TextWorld demo (the paper's claim 4).
 
 Pure SFT is the "after SFT" evaluation of the sft_rl runs. The rl_only runs skip SFT and
-the language-model warm-up (they start from random weights and the trained tokenizer, as
-the three measured seeds did: before commit a5d1e11, 2026-12-04, the trainer ran the
-warm-up only before SFT) and get its 50 golden episodes' worth of extra RL episodes
+language-model pretraining (they start from random weights and the trained tokenizer, as
+the three measured seeds did: before commit a5d1e11, 2026-12-04, the trainer ran
+pretraining only before SFT) and get its 50 golden episodes' worth of extra RL episodes
 (384 = 12 updates of 32 against 50 + 320), so both arms see at least as many episodes.
 
 jaxrl-sweep --sweep configs/sweeps/textworld_sft_rl.py --parallel 2

@@ -1,4 +1,4 @@
-"""The outer loop: (warm-up, SFT) -> per update: collect -> learner update -> task schedule
+"""The outer loop: (pretraining, SFT) -> per update: collect -> learner update -> task schedule
 -> evaluate -> checkpoint -> log.
 
     summary = train(cfg)            # a fresh run into <output_dir>/<name>/
@@ -56,7 +56,7 @@ class Progress:
     """Loop counters saved with each checkpoint (JSON)."""
 
     update: int = 0  # RL updates done
-    sft_done: bool = False  # the supervised phases (LM warm-up and / or SFT) are done
+    sft_done: bool = False  # the supervised phases (LM pretraining and / or SFT) are done
     groups_used: int = 0  # the driver's group-id counter
 
 
@@ -68,7 +68,7 @@ class Trainer:
         self.cfg = cfg
         self.run_dir = run_dir_of(cfg)
         self.resume = resume
-        # The warm-up's and SFT's results, kept in checkpoints so that a run resumed after
+        # Pretraining's and SFT's results, kept in checkpoints so that a run resumed after
         # them reports them too.
         self.supervised_summary: dict = {}
         os.makedirs(self.run_dir, exist_ok=True)
@@ -195,8 +195,8 @@ class Trainer:
         return self.evaluator.evaluate(self.logger, stage, step, limit, ids, **sampling)
 
     def _supervised(self, resumed: bool) -> None:
-        """The pretrained model's evaluation, then the warm-up and SFT when configured
-        (once: a run resumed after them skips them)."""
+        """The pretrained model's evaluation, then the language-model pretraining and SFT
+        when configured (once: a run resumed after them skips them)."""
         cfg = self.cfg
         if cfg.model.hf_path and not resumed:  # pretrained weights: eval.json base -> sft -> rl
             self.supervised_summary["base"] = self.evaluate("base")
@@ -204,7 +204,7 @@ class Trainer:
         if not supervised or self.progress.sft_done:
             return
         policy, heads = self.actor_critic.policy, self.layout.train_task_heads()
-        # The warm-up runs whenever it is configured, with or without SFT after it.
+        # Pretraining runs whenever it is configured, with or without SFT after it.
         if cfg.pretrain.episodes_per_task:
             self.supervised_summary["pretrain"] = run_pretrain(
                 cfg, policy, self.eval_driver, heads, self.key, self.logger, self.pad_id)

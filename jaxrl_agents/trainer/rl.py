@@ -5,9 +5,10 @@ Per collected batch:
      values and reference log-probs, a chunk of rows at a time (a training micro-batch's
      rows by default); the KL penalty goes into the rewards (kl.where = "reward"); the
      configured estimator gives advantages and returns over the whole batch.
-  2. `ppo_epochs` passes over shuffled minibatches; each minibatch is one jitted step
-     (gradient accumulation over `grad_accum` micro-batches inside it). A non-finite loss
-     or gradient leaves parameters and optimizer state untouched and is counted.
+  2. `ppo_epochs` passes over shuffled minibatches (`trainer/fit.py`, the loop SFT and the
+     reward model share); each minibatch is one jitted step (gradient accumulation over
+     `grad_accum` micro-batches inside it). A non-finite loss or gradient leaves
+     parameters and optimizer state untouched and is counted.
 
 Per-token arrays follow the Batch convention: index t describes token t, so model
 outputs at t - 1 (which predict token t) are shifted right by one. The data is typed end
@@ -35,6 +36,7 @@ from jaxrl_agents.data import Batch, bucket
 from jaxrl_agents.models import lora
 from jaxrl_agents.models.value import SHARED_TRUNK_KINDS
 from jaxrl_agents.trainer import ewc, optim
+from jaxrl_agents.trainer.fit import key_orders, steps_per_epoch, train_all_epochs
 from jaxrl_agents.trainer.kl_control import KLController
 from jaxrl_agents.trainer.rl_batch import Prepared, TrainBatch, on_device
 
@@ -668,7 +670,6 @@ class RLLearner:
         kl_coef = jnp.float32(self.kl.value)
         rows = batch.input_ids.shape[0]  # global: every process's rows
         mb_size = min(self.minibatch_size, rows)
-        num_mb = -(-rows // mb_size)  # the last minibatch is topped up, masked out (below)
         accum = self.grad_accum if mb_size % self.grad_accum == 0 else 1
         prepare_rows = self.prepare_rows or mb_size // accum
         start, compiled = time.perf_counter(), compile_cache.compile_seconds()
@@ -678,19 +679,19 @@ class RLLearner:
         train_rows = TrainBatch(batch, prepared)
         policy_coef = jnp.float32(0.0 if self.updates < self.value_warmup_updates else 1.0)
         lengths, full = self._row_lengths(batch), batch.input_ids.shape[1]
-        step_metrics = []
-        for epoch in range(self.ppo_epochs):
-            order = np.asarray(jax.random.permutation(jax.random.fold_in(key, epoch), rows))
-            for i in range(num_mb):
-                idx = order[i * mb_size : (i + 1) * mb_size]
-                real = len(idx)
-                # Every row is used every epoch: a short last minibatch is topped up to the
-                # compiled size with rows from the epoch's start, whose tokens are masked out.
-                idx = np.concatenate([idx, order[: mb_size - real]])
-                length = self._minibatch_length(lengths, idx[:real], full)
-                micro = self._micro_batches(train_rows, idx, accum, length, real)
-                state, m = self._train_step(state, micro, kl_coef, policy_coef)
-                step_metrics.append(m)
+
+        def minibatch(idx, real):  # rows idx[:real], cut to their length bucket
+            length = self._minibatch_length(lengths, idx[:real], full)
+            return self._micro_batches(train_rows, idx, accum, length, real)
+
+        def step(state, micro):
+            return self._train_step(state, micro, kl_coef, policy_coef)
+
+        # Every row is used every epoch: a short last minibatch is topped up to the compiled
+        # size with rows from the epoch's start, whose tokens are masked out.
+        state, step_metrics = train_all_epochs(
+            step, state, order=key_orders(rows, key), rows_per_step=mb_size, batch_of=minibatch,
+            num_epochs=self.ppo_epochs, top_up=True)
         metrics = jax.device_get({**prep_metrics, **_mean_metrics(step_metrics)})
         metrics = {k: float(v) for k, v in metrics.items()}
         # Where the update's time goes: the old-values / reference pass, the gradient steps,
@@ -725,8 +726,8 @@ def make_learner(
     """Builds the RLLearner and optimizer the config asks for (state on `mesh` if given)."""
     check_groups(cfg)  # RLOO / GRPO need rollout.group_size >= 2
     hp = RLHyper.from_config(cfg)
-    steps_per_update = cfg.rl.ppo_epochs * -(
-        -episodes_per_update // min(cfg.rl.minibatch_size, episodes_per_update))
+    steps_per_update = cfg.rl.ppo_epochs * steps_per_epoch(
+        episodes_per_update, min(cfg.rl.minibatch_size, episodes_per_update))
 
     def schedule(lr):
         return optim.lr_schedule(

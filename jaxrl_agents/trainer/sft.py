@@ -11,7 +11,6 @@ from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from flax import nnx
 
@@ -19,6 +18,7 @@ from jaxrl_agents import kernels
 from jaxrl_agents.data import Batch, Trajectory, pack
 from jaxrl_agents.models import lora
 from jaxrl_agents.trainer import optim
+from jaxrl_agents.trainer.fit import history_row, seeded_orders, split_train_val, train_epochs
 
 TARGETS = ("actions", "all")
 
@@ -61,11 +61,13 @@ def target_mask(batch: dict, target: str):
     return batch["action_mask"].astype(jnp.float32)
 
 
-def _train_step(graphdef, tx, target, grad_accum, params, opt_state, batch):
+def _train_step(graphdef, tx, target, grad_accum, state, batch):
     """One optimizer step on a batch of B rows (B a multiple of grad_accum), taken as
     grad_accum micro-batches of B / grad_accum rows whose gradients are summed, each
     weighted by its share of the counted tokens: the step equals the whole batch's. With
-    LoRA adapters only they get gradients and optimizer state (`lora.split_trainable`)."""
+    LoRA adapters only they get gradients and optimizer state (`lora.split_trainable`).
+    state: (params, opt_state) -> ((params, opt_state), metrics)."""
+    params, opt_state = state
     micro = jax.tree.map(lambda v: v.reshape((grad_accum, -1) + v.shape[1:]), batch)
     counts = target_mask(micro, target).sum(axis=(1, 2))  # (A,)
     weights = counts / jnp.maximum(counts.sum(), 1.0)
@@ -78,18 +80,7 @@ def _train_step(graphdef, tx, target, grad_accum, params, opt_state, batch):
     grads, metrics = optim.accumulate_gradients(grad_fn, trainable, micro, weights)
     updates, opt_state = tx.update(grads, opt_state, trainable)
     trainable = optax.apply_updates(trainable, updates)
-    return lora.merge_trainable(trainable, frozen), opt_state, metrics
-
-
-def split_train_val(items: Sequence, val_fraction: float, seed: int) -> tuple[list, list]:
-    """Shuffles and holds out round(n * val_fraction) items (at least 1 when n >= 2)."""
-    order = np.random.default_rng(seed).permutation(len(items))
-    n_val = int(round(len(items) * val_fraction))
-    if val_fraction > 0 and len(items) >= 2:
-        n_val = min(max(n_val, 1), len(items) - 1)
-    val = [items[i] for i in order[:n_val]]
-    train = [items[i] for i in order[n_val:]]
-    return train, val
+    return (lora.merge_trainable(trainable, frozen), opt_state), metrics
 
 
 class SFTTrainer:
@@ -183,24 +174,16 @@ class SFTTrainer:
             raise ValueError("SFT needs at least one golden trajectory")
         train, val = split_train_val(list(trajectories), self.val_fraction, self.seed)
         params = nnx.state(self.policy)
-        opt_state = self.tx.init(lora.trainable(params))
-        rng = np.random.default_rng(self.seed)
+        state = (params, self.tx.init(lora.trainable(params)))
         history = []
         best_loss, best_params = float("inf"), params
-        for epoch in range(self.epochs):
-            order = rng.permutation(len(train))
-            losses = []
-            for i in range(0, len(train), self.batch_size):
-                chunk = [train[j] for j in order[i : i + self.batch_size]]
-                params, opt_state, metrics = self._step(
-                    params, opt_state, self._pack(chunk, row_multiple=self.grad_accum))
-                losses.append(float(metrics["sft/loss"]))
-            row = {
-                "epoch": epoch + 1,
-                "train_loss": float(np.mean(losses)),
-                "num_train": len(train),
-                "num_val": len(val),
-            }
+        passes = train_epochs(
+            self._step, state, order=seeded_orders(len(train), self.seed),
+            rows_per_step=self.batch_size, num_epochs=self.epochs, fetch_metrics=True,
+            batch_of=lambda rows, _: self._pack([train[j] for j in rows],
+                                                row_multiple=self.grad_accum))
+        for epoch, (params, _), metrics in passes:
+            row = history_row(epoch, metrics, "sft/loss", num_train=len(train), num_val=len(val))
             if val:
                 val_metrics = self.evaluate(params, val)
                 row["val_loss"] = val_metrics["sft/loss"]

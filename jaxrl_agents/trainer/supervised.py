@@ -1,6 +1,6 @@
 """The supervised phases before RL, each one `SFTTrainer` fit with a progress bar and logs:
 
-    run_pretrain(cfg, policy, driver, heads, key, logger, pad_id)      # LM warm-up
+    run_pretrain(cfg, policy, driver, heads, key, logger, pad_id)      # LM pretraining
     run_sft(cfg, policy, driver, heads, logger, pad_id, evaluate)      # SFT on gold play
 
 policy: the policy modules (trained in place). driver: a group-size-1 episode driver.
@@ -22,7 +22,7 @@ def run_pretrain(cfg, policy, driver, heads: Sequence[int], key, logger, pad_id:
     before SFT. No gold action is used. Returns the fit's history and transcript count."""
     trajs = []
     rounds = cfg.pretrain.episodes_per_task
-    with logger.phase("warm-up transcripts", rounds * len(heads), "game") as advance:
+    with logger.phase("pretraining transcripts", rounds * len(heads), "game") as advance:
         for r in range(rounds):
             round_key = jax.random.fold_in(jax.random.fold_in(key, r), 2)
             trajs += driver.run(heads, round_key, forced_actions="random")
@@ -35,11 +35,11 @@ def run_pretrain(cfg, policy, driver, heads: Sequence[int], key, logger, pad_id:
         pad_id=pad_id, length_buckets=cfg.rollout.length_buckets,
         grad_accum=cfg.pretrain.grad_accum)
 
-    with logger.phase("warm-up", cfg.pretrain.epochs, "epoch") as advance:
+    with logger.phase("pretraining", cfg.pretrain.epochs, "epoch") as advance:
 
         def on_epoch(row):
             logger.log(0, {f"pretrain/{k}": v for k, v in row.items()})
-            logger.write(f"  pretrain epoch {row['epoch']}: train {row['train_loss']:.4f} "
+            logger.write(f"  pretraining epoch {row['epoch']}: train {row['train_loss']:.4f} "
                          f"val {row.get('val_loss', float('nan')):.4f}")
             advance()
 

@@ -85,23 +85,23 @@ def test_run_writes_its_outputs_and_sft_loss_falls(tmp_path):
         assert key in rl[-1], key
 
 
-def test_the_warm_up_runs_without_sft(tmp_path):
-    """pretrain.episodes_per_task > 0 with SFT off: the language-model warm-up still runs
+def test_pretraining_runs_without_sft(tmp_path):
+    """pretrain.episodes_per_task > 0 with SFT off: language-model pretraining still runs
     (as jaxrl-plan assumes), and its policy is checkpointed at step 0 before RL."""
-    overrides = _overrides(tmp_path, "warm", **{"sft.enabled": False,
-                                                "pretrain.episodes_per_task": 1,
-                                                "pretrain.epochs": 1,
-                                                "rl.episodes_per_epoch": 4})  # fmt: skip
+    overrides = _overrides(tmp_path, "pretrain", **{"sft.enabled": False,
+                                                    "pretrain.episodes_per_task": 1,
+                                                    "pretrain.epochs": 1,
+                                                    "rl.episodes_per_epoch": 4})  # fmt: skip
     summary = train(load_config("configs/toy_tiny.py", overrides))
-    rows = read_metrics(str(tmp_path / "warm"))
+    rows = read_metrics(str(tmp_path / "pretrain"))
     assert any("pretrain/train_loss" in r for r in rows)
     assert "pretrain" in summary and "sft" not in summary
-    assert (tmp_path / "warm" / "checkpoints" / "0").is_dir()
+    assert (tmp_path / "pretrain" / "checkpoints" / "0").is_dir()
 
 
 @pytest.mark.slow
 def test_sigkill_and_resume_gives_the_same_metrics(tmp_path):
-    def cmd(name, *args):  # with the warm-up on: both supervised phases precede the kill
+    def cmd(name, *args):  # with pretraining on: both supervised phases precede the kill
         return _train_cmd(tmp_path, name, *args,
                           **{"pretrain.episodes_per_task": 1, "pretrain.epochs": 1})
 

@@ -4,7 +4,8 @@ import pytest
 from flax import nnx
 
 from jaxrl_agents.data import ACTION, PROMPT, Trajectory
-from jaxrl_agents.trainer.sft import SFTTrainer, split_train_val
+from jaxrl_agents.trainer.fit import split_train_val
+from jaxrl_agents.trainer.sft import SFTTrainer
 from tests.trainer.helpers import tiny_policy
 
 
@@ -45,14 +46,6 @@ def test_sft_loss_falls_and_validation_is_reported(optimizer_state):
     assert history[-1]["train_loss"] < 0.5 * history[0]["train_loss"]
     assert history[0]["num_val"] == 4 and "val_loss" in history[-1]
     assert after["sft/loss"] < 0.5 * before["sft/loss"]  # the policy module itself was updated
-
-
-def test_split_train_val_is_disjoint_and_deterministic():
-    items = list(range(10))
-    train, val = split_train_val(items, 0.2, seed=3)
-    assert len(val) == 2 and sorted(train + val) == items
-    assert split_train_val(items, 0.2, seed=3) == (train, val)
-    assert split_train_val([1], 0.2, 0) == ([1], [])
 
 
 def test_empty_sft_is_an_error():
@@ -96,7 +89,7 @@ def test_keep_best_ends_on_the_epoch_of_lowest_validation_loss():
 
 
 def test_target_all_models_every_token_and_bad_target_is_an_error():
-    """target="all" (the pretraining warm-up) learns the observation tokens too: in the copy
+    """target="all" (language-model pretraining) learns the observation tokens too: in the copy
     task the prompt tokens 1 and 2 are fixed, so only an every-token loss gets them right."""
     policy = tiny_policy(vocab_size=16)
     trainer = SFTTrainer(policy, learning_rate=3e-3, batch_size=4, epochs=6, val_fraction=0.25,

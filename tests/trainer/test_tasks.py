@@ -39,7 +39,7 @@ def test_eval_only_tasks_get_held_out_games_and_are_never_trained_on():
     count, guess, count2 = layout.groups.values()
     assert len(count.train_tasks) == 6 and not guess.train_tasks and not count2.train_tasks
     assert [len(g.eval_ids) for g in (count, guess, count2)] == [3, 3, 3]
-    assert layout.num_train == 6  # the SFT, warm-up and tokenizer games: count-3's only
+    assert layout.num_train == 6  # the SFT, pretraining and tokenizer games: count-3's only
     assert {layout.group_of(i) for i in layout.train_task_heads()} == {"toy:count-3"}
     played = {layout.group_of(i) for u in range(30) for i in schedule.plan(u).env_ids}
     assert played == {"toy:count-3"}
