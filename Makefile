@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv install install-gpu test bench lint demo results clean
+.PHONY: venv install install-gpu test bench lint demo demo-tiny results clean
 
 venv: $(STAMP)
 
@@ -50,7 +50,12 @@ bench: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check jaxrl_agents envs configs tests bench
 
+# The main demo: SmolLM2-135M-Instruct on held-out TextWorld games, base -> SFT -> PPO.
 demo: $(STAMP)
+	$(VENV)/bin/jaxrl-train --config configs/textworld_smollm2.py
+
+# A 1M-parameter decoder trained from scratch (pretraining, SFT, PPO): the small demo.
+demo-tiny: $(STAMP)
 	$(VENV)/bin/jaxrl-train --config configs/textworld_tiny.py
 
 # The sweeps behind docs/results.md. `make results` redraws each one's table and chart

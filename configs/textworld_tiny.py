@@ -1,4 +1,4 @@
-"""The main demo (`make demo`): TextWorld w2-o3-q4 on a laptop CPU.
+"""The small demo (`make demo-tiny`): TextWorld w2-o3-q4 on a laptop CPU, a model from scratch.
 
 Games are generated with TextWorld's own generator and cached; train and held-out games
 come from disjoint splits. A byte-level BPE tokenizer is trained on the games' text, a

@@ -68,18 +68,22 @@ def train_epochs(
     num_epochs: int,
     top_up: bool = False,
     fetch_metrics: bool = False,
+    on_step: Callable[[], None] | None = None,
 ) -> Iterator[tuple[int, Any, list[dict]]]:
     """Runs `num_epochs` passes of `step` over minibatches of `rows_per_step` rows taken in
     the epoch's `order` (`minibatches`; `batch_of(rows, real)` builds each step's batch)
     and yields (epoch, state, metrics) after each: the state so far and the outputs of
     the epoch's steps. With `fetch_metrics` each step's metrics are fetched to the host
     before the next batch is built (the host waits for every step: batches built on the
-    host do not pile up on the device); else they stay on the device."""
+    host do not pile up on the device); else they stay on the device. `on_step()` runs
+    after each step (a progress bar)."""
     for epoch in range(num_epochs):
         metrics = []
         for rows, real in minibatches(order(epoch), rows_per_step, top_up=top_up):
             state, m = step(state, batch_of(rows, real))
             metrics.append(jax.device_get(m) if fetch_metrics else m)
+            if on_step is not None:
+                on_step()
         yield epoch, state, metrics
 
 

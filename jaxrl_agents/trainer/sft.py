@@ -18,7 +18,13 @@ from jaxrl_agents import kernels
 from jaxrl_agents.data import Batch, Trajectory, pack
 from jaxrl_agents.models import lora
 from jaxrl_agents.trainer import optim
-from jaxrl_agents.trainer.fit import history_row, seeded_orders, split_train_val, train_epochs
+from jaxrl_agents.trainer.fit import (
+    history_row,
+    seeded_orders,
+    split_train_val,
+    steps_per_epoch,
+    train_epochs,
+)
 
 TARGETS = ("actions", "all")
 
@@ -167,9 +173,18 @@ class SFTTrainer:
             weight += n
         return {k: v / max(weight, 1.0) for k, v in totals.items()}
 
+    def num_steps(self, num_trajectories: int) -> int:
+        """The optimizer steps `fit` takes on `num_trajectories` trajectories (after the
+        validation split), over every epoch."""
+        train, _ = split_train_val(range(num_trajectories), self.val_fraction, self.seed)
+        return self.epochs * steps_per_epoch(len(train), self.batch_size)
+
     def fit(
-        self, trajectories: Sequence[Trajectory], on_epoch: Callable[[dict], None] | None = None
+        self, trajectories: Sequence[Trajectory], on_epoch: Callable[[dict], None] | None = None,
+        on_step: Callable[[], None] | None = None,
     ) -> list[dict]:
+        """Trains on `trajectories` less the validation split; `on_epoch(row)` after each
+        epoch (the policy then holds that epoch's parameters), `on_step()` after each step."""
         if not trajectories:
             raise ValueError("SFT needs at least one golden trajectory")
         train, val = split_train_val(list(trajectories), self.val_fraction, self.seed)
@@ -180,7 +195,7 @@ class SFTTrainer:
         passes = train_epochs(
             self._step, state, order=seeded_orders(len(train), self.seed),
             rows_per_step=self.batch_size, num_epochs=self.epochs, fetch_metrics=True,
-            batch_of=lambda rows, _: self._pack([train[j] for j in rows],
+            on_step=on_step, batch_of=lambda rows, _: self._pack([train[j] for j in rows],
                                                 row_multiple=self.grad_accum))
         for epoch, (params, _), metrics in passes:
             row = history_row(epoch, metrics, "sft/loss", num_train=len(train), num_val=len(val))

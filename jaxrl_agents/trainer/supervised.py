@@ -35,15 +35,13 @@ def run_pretrain(cfg, policy, driver, heads: Sequence[int], key, logger, pad_id:
         pad_id=pad_id, length_buckets=cfg.rollout.length_buckets,
         grad_accum=cfg.pretrain.grad_accum)
 
-    with logger.phase("pretraining", cfg.pretrain.epochs, "epoch") as advance:
+    def on_epoch(row):
+        logger.log(0, {f"pretrain/{k}": v for k, v in row.items()})
+        logger.write(f"  pretraining epoch {row['epoch']}: train {row['train_loss']:.4f} "
+                     f"val {row.get('val_loss', float('nan')):.4f}")
 
-        def on_epoch(row):
-            logger.log(0, {f"pretrain/{k}": v for k, v in row.items()})
-            logger.write(f"  pretraining epoch {row['epoch']}: train {row['train_loss']:.4f} "
-                         f"val {row.get('val_loss', float('nan')):.4f}")
-            advance()
-
-        history = trainer.fit(trajs, on_epoch=on_epoch)
+    with logger.phase("pretraining", trainer.num_steps(len(trajs)), "step") as advance:
+        history = trainer.fit(trajs, on_epoch=on_epoch, on_step=advance)
     return {"history": history, "transcripts": len(trajs)}
 
 
@@ -69,10 +67,9 @@ def run_sft(cfg, policy, driver, heads: Sequence[int], logger, pad_id: int,
             line += f" held-out success {early['mean']:.3f} ({early['n']} games)"
         logger.log(0, {f"sft/{k}": v for k, v in row.items()})
         logger.write(line)
-        advance()
 
-    with logger.phase("SFT", cfg.sft.epochs, "epoch") as advance:
-        history = trainer.fit(gold, on_epoch=on_epoch)
+    with logger.phase("SFT", trainer.num_steps(len(gold)), "step") as advance:
+        history = trainer.fit(gold, on_epoch=on_epoch, on_step=advance)
     result = evaluate("sft", limit=cfg.sft.eval_games) if cfg.sft.eval_games else {}
     result["history"] = history
     return result

@@ -39,10 +39,13 @@ def test_sft_loss_falls_and_validation_is_reported(optimizer_state):
         optimizer_state=optimizer_state,
     )
     before = trainer.evaluate(nnx.state(policy), _copy_task(1))
-    seen = []
-    history = trainer.fit(_copy_task(0, n=16), on_epoch=seen.append)
+    seen, steps = [], []
+    history = trainer.fit(_copy_task(0, n=16), on_epoch=seen.append,
+                          on_step=lambda: steps.append(len(seen)))
     after = trainer.evaluate(nnx.state(policy), _copy_task(1))
     assert len(history) == 8 and seen == history
+    # 12 train rows in steps of 4, every step reported, each epoch's before its row
+    assert trainer.num_steps(16) == 24 and steps == [e for e in range(8) for _ in range(3)]
     assert history[-1]["train_loss"] < 0.5 * history[0]["train_loss"]
     assert history[0]["num_val"] == 4 and "val_loss" in history[-1]
     assert after["sft/loss"] < 0.5 * before["sft/loss"]  # the policy module itself was updated
