@@ -51,12 +51,13 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check jaxrl_agents envs configs tests bench
 
 # The main demo: SmolLM2-135M-Instruct on held-out TextWorld games, base -> SFT -> PPO.
+# ARGS go to jaxrl-train: make demo ARGS="--config.seed=1 --config.name=textworld_smollm2_seed1"
 demo: $(STAMP)
-	$(VENV)/bin/jaxrl-train --config configs/textworld_smollm2.py
+	$(VENV)/bin/jaxrl-train --config configs/textworld_smollm2.py $(ARGS)
 
 # A 1M-parameter decoder trained from scratch (pretraining, SFT, PPO): the small demo.
 demo-tiny: $(STAMP)
-	$(VENV)/bin/jaxrl-train --config configs/textworld_tiny.py
+	$(VENV)/bin/jaxrl-train --config configs/textworld_tiny.py $(ARGS)
 
 # The sweeps behind docs/results.md. `make results` redraws each one's table and chart
 # from the runs on this machine, taking runs made elsewhere from its record in

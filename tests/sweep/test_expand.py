@@ -192,3 +192,17 @@ def test_the_curriculum_sweep_tests_both_arms_on_w4_o6_q8(tmp_path):
     assert not arms and [d[0] for d in direct] == [c[0] for c in curriculum] == [0, 1, 2]
     assert all(g == ["textworld:w4-o6-q8"] for _, g in direct)
     assert all(g == ["textworld:w2-o3-q4", "textworld:w4-o6-q8"] for _, g in curriculum)
+
+
+def test_the_real_model_sweep_has_both_arms_on_three_seeds(tmp_path):
+    """configs/sweeps/textworld_smollm2.py: SFT + PPO and PPO alone on SmolLM2, seeds 0-2,
+    each run on the recipe's 100 held-out games."""
+    from jaxrl_agents.trainer.setup import EnvLayout
+
+    arms = {}
+    for run, cfg in _run_configs("configs/sweeps/textworld_smollm2.py", tmp_path):
+        assert cfg.model.hf_path == "smollm2-135m-instruct", run.name
+        assert len(EnvLayout(cfg).groups["textworld:w2-o3-q4"].eval_ids) == 100, run.name
+        arms.setdefault(run.name.split(",")[0], []).append((cfg.seed, cfg.sft.enabled))
+    assert arms == {"sft_ppo": [(0, True), (1, True), (2, True)],
+                    "ppo_only": [(0, False), (1, False), (2, False)]}
