@@ -19,7 +19,8 @@ calls them:
 - launch.py: `jaxrl-train` launched for each run, one at a time or N in parallel, finished
   runs skipped and unfinished ones resumed (`run_sweep`); the runs already on disk
   (`existing_results`, for `--report`); launch lines for elsewhere (`command_lines`).
-- report.py: summary.json with held-out success after SFT and after RL per run, the arms
-  over their seeds (`over_seeds`, statistics from `jaxrl_agents/stats.py`) and the printed
-  tables; chart.py draws them (success.png).
+- report.py: summary.json with held-out success per run (of the pretrained model where a
+  run starts from one, after SFT, after RL), the arms over their seeds (`over_seeds`,
+  statistics from `jaxrl_agents/stats.py`) and the printed tables; chart.py draws them
+  (success.png).
 """
