@@ -103,6 +103,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.algo.estimator = "gae"  # advantage estimator: the table in jaxrl_agents/estimators.py
     c.algo.gamma = 0.99  # discount
     c.algo.lam = 0.95  # GAE lambda
+    # estimator "gae" under constrained decoding: "discount" steps every action token with
+    # gamma and lam; "pass_through" uses 1 and 1 after a forced token (one allowed id, no
+    # decision), so a command is discounted per decision in it, not per token
+    c.algo.gae_forced_tokens = "discount"  # discount | pass_through (see above)
     c.algo.clip_eps = 0.2  # PPO clip range
     c.algo.clip_eps_high = 0.0  # upper clip range; 0 = same as clip_eps
     c.algo.dual_clip = 0.0  # dual-clip constant for negative advantages; 0 = off

@@ -32,6 +32,7 @@ CHOICES: dict[str, tuple] = {
     "env.reward_density": ("sparse", "every_k", "dense"),
     "env.obs_format": ("template", "compact", "compact_goal", "raw"),
     "algo.estimator": tuple(ESTIMATORS),
+    "algo.gae_forced_tokens": ("discount", "pass_through"),
     "algo.loss_agg": ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean"),
     "algo.loss_tokens": ("decisions", "actions"),
     "rollout.greedy_by": ("command", "token"),
@@ -157,6 +158,7 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
                 raise ConfigError(f"config key {key!r} {rule}, got {value!r}")
     check_task_names(cfg, "env.eval_tasks")
     check_groups(cfg)
+    check_estimator_options(cfg)
     lora = _get(cfg, "model.lora")
     if lora is not _MISSING:
         check_lora(lora)
@@ -237,6 +239,19 @@ def check_groups(cfg: ml_collections.ConfigDict) -> None:
         raise ConfigError(
             f"algo.group_filter_keep={keep} ranks groups by their reward spread and needs "
             f"rollout.group_size >= 2, got rollout.group_size={group_size}"
+        )
+
+
+def check_estimator_options(cfg: ml_collections.ConfigDict) -> None:
+    """Settings read by one estimator only: algo.gae_forced_tokens = "pass_through" needs
+    the token-level estimator "gae" (turn_gae and bilevel_gae would silently ignore it)."""
+    forced = _get(cfg, "algo.gae_forced_tokens")
+    estimator = _get(cfg, "algo.estimator")
+    if forced == "pass_through" and estimator != "gae":
+        raise ConfigError(
+            f"config key 'algo.gae_forced_tokens' = 'pass_through' applies to the token-level "
+            f"estimator 'gae' only, got algo.estimator={estimator!r} (set "
+            "--config.algo.gae_forced_tokens=discount, or use estimator 'gae')"
         )
 
 

@@ -5,10 +5,13 @@ which is imported only when the learner asks for it.
 Adding an estimator: one entry here, its kernel in `jaxrl_agents/kernels/` with an entry
 point of the signature below next to it, and its test.
 
-    kernel(rewards [B, T], values [B, T], mask [B, T], last_value [B], group_ids [B], hp)
-        -> (advantages [B, T], returns [B, T])
+    kernel(rewards [B, T], values [B, T], mask [B, T], last_value [B], group_ids [B],
+           decisions [B, T] or None, hp) -> (advantages [B, T], returns [B, T])
 
-`hp` is the learner's `RLHyper` (gamma, lam and the estimator's own settings).
+`decisions` marks the action tokens that were decisions, not forced by constrained
+decoding (`kernels.decision_mask`); None when decoding was unconstrained (every action
+token a decision). `hp` is the learner's `RLHyper` (gamma, lam and the estimator's own
+settings).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ class Estimator:
 
 ESTIMATORS: dict[str, Estimator] = {
     "gae": Estimator("jaxrl_agents.kernels.gae:gae_advantages", True, False,
-                     "token-level GAE over action tokens (gamma, lam)"),
+                     "token-level GAE over action tokens (gamma, lam, gae_forced_tokens)"),
     "turn_gae": Estimator("jaxrl_agents.kernels.gae:turn_gae_advantages", True, False,
                           "GAE with one step per turn; a turn's advantage on all its tokens"),
     "bilevel_gae": Estimator("jaxrl_agents.kernels.gae:bilevel_gae_advantages", True,

@@ -152,6 +152,18 @@ def test_group_filter_needs_groups_and_a_share():
     load_config(BASE, ["algo.group_filter_keep=0.5", "rollout.group_size=2"])
 
 
+@pytest.mark.parametrize("estimator", ["turn_gae", "bilevel_gae", "reinforce_pp"])
+def test_gae_forced_tokens_pass_through_needs_token_level_gae(estimator):
+    assert load_config(BASE).algo.gae_forced_tokens == "discount"
+    cfg = load_config(BASE, ["algo.gae_forced_tokens=pass_through"])
+    assert (cfg.algo.estimator, cfg.algo.gae_forced_tokens) == ("gae", "pass_through")
+    load_config(BASE, [f"algo.estimator={estimator}"])  # with the default: fine
+    with pytest.raises(ConfigError, match=r"algo\.gae_forced_tokens.*'gae' only.*" + estimator):
+        load_config(BASE, [f"algo.estimator={estimator}", "algo.gae_forced_tokens=pass_through"])
+    with pytest.raises(ConfigError, match=r"algo\.gae_forced_tokens.*allowed"):
+        load_config(BASE, ["algo.gae_forced_tokens=skip"])
+
+
 def test_loading_a_config_does_not_import_jax():
     """Config validation reads the estimator table without importing JAX."""
     import subprocess

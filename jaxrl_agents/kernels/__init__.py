@@ -1,6 +1,12 @@
 """Pure, jitted maths of multi-turn RL. Arrays are [B, T] unless a docstring says not."""
 
-from jaxrl_agents.kernels.gae import bilevel_gae, gae, turn_boundaries, turn_gae
+from jaxrl_agents.kernels.gae import (
+    bilevel_gae,
+    gae,
+    gae_pass_through,
+    turn_boundaries,
+    turn_gae,
+)
 from jaxrl_agents.kernels.group import broadcast_to_tokens, episode_scores, grpo, rloo
 from jaxrl_agents.kernels.kl import kl, kl_per_token
 from jaxrl_agents.kernels.losses import (
@@ -34,6 +40,7 @@ __all__ = [
     "entropy",
     "episode_scores",
     "gae",
+    "gae_pass_through",
     "grpo",
     "kl",
     "kl_per_token",

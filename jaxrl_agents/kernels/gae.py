@@ -10,6 +10,11 @@ through unchanged and get advantage 0. With s' the next action token after t,
 
 so for a terminal episode the last action token gets A = r - V.
 
+`gae_pass_through` is the same recurrence with per-token factors: under constrained
+decoding a *forced* action token (one allowed id, `kernels.decision_mask`) is no
+decision, so the step after it uses gamma = lam = 1; with `gae` a command of many forced
+tokens is discounted more than a short one (`algo.gae_forced_tokens`).
+
 `turn_gae` and `bilevel_gae` run the same recurrence over turns. The learner reaches all
 three through the entry points at the end (`gae_advantages`, ...), which the estimator
 table (`jaxrl_agents.estimators`) names.
@@ -38,11 +43,7 @@ def gae(rewards, values, mask, gamma, lam, *, last_value=None):
     On CPU, in float32, the pass is the C++ kernel of `kernels.native` when it is built
     (same recurrence, read in place); elsewhere `_gae_scan`.
     """
-    mask = mask.astype(values.dtype)
-    batch = values.shape[0]
-    next_value = jnp.zeros((batch,), values.dtype) if last_value is None else last_value
-    next_value = next_value.astype(values.dtype)
-    rewards = rewards.astype(values.dtype)
+    rewards, mask, next_value = _gae_inputs(rewards, values, mask, last_value)
     if values.dtype != jnp.float32 or not native.available():
         return _gae_scan(rewards, values, mask, next_value, gamma, lam)
     return jax.lax.platform_dependent(
@@ -51,21 +52,105 @@ def gae(rewards, values, mask, gamma, lam, *, last_value=None):
     )
 
 
+@jax.jit
+def gae_pass_through(rewards, values, mask, decisions, gamma, lam, *, last_value=None):
+    """Token-level GAE in which forced action tokens pass the value and advantage through.
+
+    With s' the next action token after t (V after the last one: last_value, A: 0),
+
+        delta[t] = r[t] + g[t] * V[s'] - V[t]
+        A[t]     = delta[t] + g[t] * l[t] * A[s']
+        R[t]     = A[t] + V[t]
+
+    where g[t], l[t] are gamma, lam at a decision token and 1, 1 at a forced one. The
+    factor of the step t -> s' is token t's own: time passes after a decision, not after
+    a forced token (its log-prob is 0 under every policy), so a command is discounted
+    once per decision token in it, however many forced tokens it has, and a bootstrap
+    after a forced last token needs no factor from beyond the sequence. With every action
+    token a decision (unconstrained decoding) this is `gae`: bit for bit its scan
+    (`_gae_scan`); its C++ kernel can differ in the last bit.
+
+    Args:
+      rewards, values, mask, last_value: as in `gae`.
+      decisions: [B, T], 1 on the action tokens that were decisions
+        (`kernels.decision_mask(mask, allowed)`), 0 on forced and non-action tokens.
+      gamma, lam: scalars, applied at decision tokens.
+    Returns:
+      (advantages [B, T], returns [B, T]), both 0 where mask == 0.
+
+    Always the `lax.scan` (`_gae_recurrence` with per-token factors); the C++ kernel
+    takes scalar factors only.
+    """
+    rewards, mask, next_value = _gae_inputs(rewards, values, mask, last_value)
+    value_factor, advantage_factor = pass_through_factors(
+        decisions.astype(values.dtype), gamma, lam)
+    return _gae_recurrence(rewards, values, mask, next_value, value_factor, advantage_factor)
+
+
+def pass_through_factors(decisions, gamma, lam):
+    """The per-token factors of `gae_pass_through`'s step t -> s', from `decisions` [B, T]
+    (1 at decision tokens): (g [B, T], g * l [B, T]), i.e. (gamma, gamma * lam) at a
+    decision and (1, 1) elsewhere (only action tokens are read).
+
+    gamma * lam is formed as `_gae_scan` forms it (and 1 * x + 0 is exact), so with every
+    action token a decision the scan computes what `_gae_scan` does, bit for bit.
+    """
+    forced = 1.0 - decisions
+    return decisions * gamma + forced, decisions * (gamma * lam) + forced
+
+
+def _gae_inputs(rewards, values, mask, last_value):
+    """`gae`'s inputs in the values' dtype: (rewards [B, T], mask [B, T], next_value [B],
+    the value after the last action token: `last_value`, or 0 when None)."""
+    mask = mask.astype(values.dtype)
+    batch = values.shape[0]
+    next_value = jnp.zeros((batch,), values.dtype) if last_value is None else last_value
+    next_value = next_value.astype(values.dtype)
+    rewards = rewards.astype(values.dtype)
+    return rewards, mask, next_value
+
+
 def _gae_scan(rewards, values, mask, next_value, gamma, lam):
-    """`gae` as a `lax.scan` over time-major slices (any platform, any float dtype)."""
+    """`gae` as a `lax.scan` over time-major slices (any platform, any float dtype);
+    gamma, lam scalars."""
+    return _gae_recurrence(rewards, values, mask, next_value, gamma, gamma * lam)
+
+
+def _gae_recurrence(rewards, values, mask, next_value, value_factor, advantage_factor):
+    """The reverse scan of GAE with the step t -> s' (s': next action token) weighted
+    by factors that may vary per token:
+
+        A[t] = r[t] + value_factor[t] * V[s'] - V[t] + advantage_factor[t] * A[s']
+
+    Args:
+      rewards, values, mask: [B, T] in one float dtype; next_value: [B].
+      value_factor, advantage_factor: scalars (gamma, gamma * lam) or [B, T]. Scalars are
+        closed over, not scanned: `gae`'s scan does the arithmetic it always did.
+    Returns:
+      (advantages [B, T], returns [B, T]), both 0 where mask == 0.
+    """
 
     def step(carry, x):
         next_v, next_adv = carry
-        r, v, m = x
-        adv = r + gamma * next_v - v + gamma * lam * next_adv
+        r, v, m, g, gl = x
+        g = value_factor if g is None else g
+        gl = advantage_factor if gl is None else gl
+        adv = r + g * next_v - v + gl * next_adv
         is_action = m > 0
         carry = (jnp.where(is_action, v, next_v), jnp.where(is_action, adv, next_adv))
         return carry, adv * m
 
     init = (next_value, jnp.zeros_like(next_value))
-    _, advantages = jax.lax.scan(step, init, (rewards.T, values.T, mask.T), reverse=True)
+    xs = (rewards.T, values.T, mask.T, _time_major_or_none(value_factor),
+          _time_major_or_none(advantage_factor))
+    _, advantages = jax.lax.scan(step, init, xs, reverse=True)
     advantages = advantages.T  # (B, T)
     return advantages, (advantages + values) * mask
+
+
+def _time_major_or_none(factor):
+    """A [B, T] per-token factor as [T, B] scan input; None for a scalar (closed over)."""
+    return factor.T if jnp.ndim(factor) == 2 else None
 
 
 def turn_boundaries(mask):
@@ -152,18 +237,24 @@ def bilevel_gae(
 
 # ----------------------------------------------------------------------------- entry points
 # Rows "gae", "turn_gae" and "bilevel_gae" of `jaxrl_agents.estimators.ESTIMATORS`:
-# (rewards, values, mask, last_value, group_ids, hp) -> (advantages, returns), [B, T] each;
-# `hp` is the learner's `RLHyper` (gamma, lam; token_gamma, token_lam for bilevel_gae).
+# (rewards, values, mask, last_value, group_ids, decisions, hp) -> (advantages, returns),
+# [B, T] each; `hp` is the learner's `RLHyper` (gamma, lam, gae_forced_tokens;
+# token_gamma, token_lam for bilevel_gae).
 
 
-def gae_advantages(rewards, values, mask, last_value, group_ids, hp):
+def gae_advantages(rewards, values, mask, last_value, group_ids, decisions, hp):
+    # decisions None: unconstrained decoding, no forced tokens, so both settings are `gae`
+    # (and keep its C++ kernel on CPU).
+    if hp.gae_forced_tokens == "pass_through" and decisions is not None:
+        return gae_pass_through(rewards, values, mask, decisions, hp.gamma, hp.lam,
+                                last_value=last_value)
     return gae(rewards, values, mask, hp.gamma, hp.lam, last_value=last_value)
 
 
-def turn_gae_advantages(rewards, values, mask, last_value, group_ids, hp):
+def turn_gae_advantages(rewards, values, mask, last_value, group_ids, decisions, hp):
     return turn_gae(rewards, values, mask, hp.gamma, hp.lam, last_value=last_value)
 
 
-def bilevel_gae_advantages(rewards, values, mask, last_value, group_ids, hp):
+def bilevel_gae_advantages(rewards, values, mask, last_value, group_ids, decisions, hp):
     return bilevel_gae(rewards, values, mask, hp.gamma, hp.lam, last_value=last_value,
                        token_gamma=hp.token_gamma, token_lam=hp.token_lam)

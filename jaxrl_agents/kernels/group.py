@@ -83,8 +83,9 @@ def episode_scores(rewards, mask=None, gamma=1.0):
 
 # ----------------------------------------------------------------------------- entry points
 # Rows "rloo" and "grpo" of `jaxrl_agents.estimators.ESTIMATORS`:
-# (rewards, values, mask, last_value, group_ids, hp) -> (advantages, returns), [B, T] each;
-# the returns are the episode scores on its action tokens (no critic trains on them).
+# (rewards, values, mask, last_value, group_ids, decisions, hp) -> (advantages, returns),
+# [B, T] each; the returns are the episode scores on its action tokens (no critic trains
+# on them).
 
 
 def _episode_level(episode_adv_fn, rewards, mask, group_ids, hp):
@@ -94,11 +95,11 @@ def _episode_level(episode_adv_fn, rewards, mask, group_ids, hp):
     return adv, broadcast_to_tokens(scores, mask)
 
 
-def rloo_advantages(rewards, values, mask, last_value, group_ids, hp):
+def rloo_advantages(rewards, values, mask, last_value, group_ids, decisions, hp):
     return _episode_level(rloo, rewards, mask, group_ids, hp)
 
 
-def grpo_advantages(rewards, values, mask, last_value, group_ids, hp):
+def grpo_advantages(rewards, values, mask, last_value, group_ids, decisions, hp):
     normalize = hp.grpo_std_normalize
     return _episode_level(lambda s, g: grpo(s, g, std_normalize=normalize), rewards, mask,
                           group_ids, hp)

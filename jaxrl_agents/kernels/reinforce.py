@@ -24,6 +24,6 @@ def reinforce_pp(rewards, mask, gamma):
     return masked_whiten(returns, mask), returns
 
 
-def reinforce_pp_advantages(rewards, values, mask, last_value, group_ids, hp):
+def reinforce_pp_advantages(rewards, values, mask, last_value, group_ids, decisions, hp):
     """Row "reinforce_pp" of `jaxrl_agents.estimators.ESTIMATORS`: [B, T] -> (adv, ret)."""
     return reinforce_pp(rewards, mask, hp.gamma)

@@ -31,7 +31,7 @@ import optax
 from flax import nnx
 
 from jaxrl_agents import compile_cache, estimators, kernels, sharding
-from jaxrl_agents.config import check_groups
+from jaxrl_agents.config import check_estimator_options, check_groups
 from jaxrl_agents.data import Batch, bucket
 from jaxrl_agents.models import lora
 from jaxrl_agents.models.value import SHARED_TRUNK_KINDS
@@ -50,6 +50,7 @@ class RLHyper:
     estimator: str
     gamma: float
     lam: float
+    gae_forced_tokens: str  # gae: "discount" | "pass_through" (no discount after forced tokens)
     token_gamma: float  # bilevel_gae: discount inside a turn
     token_lam: float  # bilevel_gae: lambda inside a turn
     score_gamma: float  # rloo / grpo: per-turn discount of the episode score
@@ -90,6 +91,7 @@ class RLHyper:
             estimator=a.estimator,
             gamma=a.gamma,
             lam=a.lam,
+            gae_forced_tokens=a.gae_forced_tokens,
             token_gamma=a.token_gamma,
             token_lam=a.token_lam,
             score_gamma=a.score_gamma,
@@ -199,10 +201,13 @@ def _ref_logprobs(ref_graphdef, ref_params, batch: Batch, hp: RLHyper, lower_hid
     return _token_logprobs(ref, hidden, batch, hp)[0]
 
 
-def _advantages(hp: RLHyper, rewards, values, mask, last_value, group_ids, whiten_mask):
+def _advantages(hp: RLHyper, rewards, values, mask, last_value, group_ids, decisions,
+                whiten_mask):
     """Advantages and returns [B, T] of the configured estimator (`estimators.ESTIMATORS`);
-    with a critic, whitened over `whiten_mask` (`hp.normalize_advantages`)."""
-    adv, ret = estimators.kernel(hp.estimator)(rewards, values, mask, last_value, group_ids, hp)
+    with a critic, whitened over `whiten_mask` (`hp.normalize_advantages`). `decisions`:
+    [B, T] the action tokens that were decisions, or None (unconstrained decoding)."""
+    kernel = estimators.kernel(hp.estimator)
+    adv, ret = kernel(rewards, values, mask, last_value, group_ids, decisions, hp)
     if hp.normalize_advantages and hp.uses_critic:
         adv = kernels.masked_whiten(adv, whiten_mask)
     return adv, ret
@@ -286,7 +291,12 @@ def prepare(
     last_value = (last_value * batch.truncated * hp.bootstrap_truncated
                   * ends_in_observation.astype(last_value.dtype))
     decisions = policy_mask(batch, hp)
-    adv, ret = _advantages(hp, rewards, values, mask, last_value, batch.group_ids, decisions)
+    # The estimator's own view of forced tokens (algo.gae_forced_tokens), whatever tokens
+    # the policy terms count; None: no constrained decoding, every action token a decision.
+    decision_tokens = (None if batch.allowed is None
+                       else kernels.decision_mask(mask, batch.allowed))
+    adv, ret = _advantages(hp, rewards, values, mask, last_value, batch.group_ids,
+                           decision_tokens, decisions)
     prepared = Prepared(advantages=adv, returns=ret, old_values=values, ref_logprobs=ref_logp,
                         lower_hidden=lower)
     return prepared, _prepare_metrics(batch, prepared, kl_tok, decisions)
@@ -725,6 +735,7 @@ def make_learner(
 ):
     """Builds the RLLearner and optimizer the config asks for (state on `mesh` if given)."""
     check_groups(cfg)  # RLOO / GRPO need rollout.group_size >= 2
+    check_estimator_options(cfg)  # algo.gae_forced_tokens = pass_through needs "gae"
     hp = RLHyper.from_config(cfg)
     steps_per_update = cfg.rl.ppo_epochs * steps_per_epoch(
         episodes_per_update, min(cfg.rl.minibatch_size, episodes_per_update))

@@ -456,6 +456,40 @@ def test_forced_tokens_only_dilute_the_policy_gradient_when_counted():
     assert max(float(np.abs(d).max()) for d in steps["decisions"]) > 1e-4
 
 
+@pytest.mark.parametrize("loss_tokens", ["decisions", "actions"])
+def test_prepare_passes_forced_tokens_through_gae_when_asked(loss_tokens):
+    """algo.gae_forced_tokens reaches the advantages: with "pass_through" `prepare` gives
+    `gae_pass_through` over the batch's decision tokens (whatever tokens the policy terms
+    count); without constrained decoding both settings give the same advantages, bit for
+    bit."""
+    from jaxrl_agents import kernels
+
+    constrained, decide = _with_forced_tokens(random_batch(4))
+    free = random_batch(4)
+    got = {}
+    for forced_tokens in ("discount", "pass_through"):
+        hp = RLHyper.defaults(estimator="gae", normalize_advantages=False, kl_where="loss",
+                              loss_tokens=loss_tokens, gae_forced_tokens=forced_tokens)
+        ac = tiny_actor_critic()
+        learner = RLLearner(ac, hp, optax.adam(1e-3), minibatch_size=8)
+        state = learner.init_state(ac)
+        for name, batch in (("constrained", constrained), ("free", free)):
+            prepared, _ = _jitted_prepare(learner)(state, on_device(batch), jnp.float32(0.0),
+                                                   None)
+            got[forced_tokens, name] = prepared
+    for name, batch, decisions in (("constrained", constrained, decide), ("free", free, None)):
+        prepared = got["pass_through", name]
+        mask = batch.action_mask
+        want = kernels.gae_pass_through(batch.rewards, prepared.old_values, mask,
+                                        mask if decisions is None else decisions,
+                                        hp.gamma, hp.lam)[0]
+        np.testing.assert_allclose(prepared.advantages, want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(got["pass_through", "free"].advantages,
+                                  got["discount", "free"].advantages)
+    assert not np.allclose(got["pass_through", "constrained"].advantages,
+                           got["discount", "constrained"].advantages)
+
+
 def test_update_reports_the_kl_of_the_steps_that_can_move():
     from jaxrl_agents.trainer.rl import _mean_metrics
 
