@@ -291,21 +291,23 @@ def prepare(
     last_value = (last_value * batch.truncated * hp.bootstrap_truncated
                   * ends_in_observation.astype(last_value.dtype))
     decisions = policy_mask(batch, hp)
-    # The estimator's own view of forced tokens (algo.gae_forced_tokens), whatever tokens
-    # the policy terms count; None: no constrained decoding, every action token a decision.
-    decision_tokens = (None if batch.allowed is None
-                       else kernels.decision_mask(mask, batch.allowed))
+    # The action tokens that were decisions, whatever tokens the policy terms count: the
+    # estimator's view of forced tokens (algo.gae_forced_tokens; None without constrained
+    # decoding, every action token a decision) and the decision_share chart.
+    decision_tokens = kernels.decision_mask(mask, batch.allowed)
     adv, ret = _advantages(hp, rewards, values, mask, last_value, batch.group_ids,
-                           decision_tokens, decisions)
+                           None if batch.allowed is None else decision_tokens, decisions)
     prepared = Prepared(advantages=adv, returns=ret, old_values=values, ref_logprobs=ref_logp,
                         lower_hidden=lower)
-    return prepared, _prepare_metrics(batch, prepared, kl_tok, decisions)
+    return prepared, _prepare_metrics(batch, prepared, kl_tok, decisions, decision_tokens)
 
 
-def _prepare_metrics(batch: Batch, prepared: Prepared, kl_tok, decisions) -> dict:
+def _prepare_metrics(batch: Batch, prepared: Prepared, kl_tok, decisions,
+                     decision_tokens) -> dict:
     """`prepare`'s metrics (scalars): the KL to the reference [B, T] `kl_tok` and the
     advantages over the `decisions` tokens, the batch's returns (before the KL penalty)
-    over its real rows, and the old values over its action tokens."""
+    over its real rows, the share of action tokens that were decisions
+    (`decision_tokens`) and the old values over its action tokens."""
     mask = batch.action_mask
     episode_return = batch.rewards.sum(axis=1)  # [B]
     return {
@@ -313,8 +315,7 @@ def _prepare_metrics(batch: Batch, prepared: Prepared, kl_tok, decisions) -> dic
         "charts/return_mean": kernels.masked_mean(episode_return, batch.row_valid),
         "charts/return_var": kernels.masked_var(episode_return, batch.row_valid),
         "charts/advantage_mean": kernels.masked_mean(prepared.advantages, decisions),
-        "charts/decision_share": kernels.masked_mean(
-            kernels.decision_mask(mask, batch.allowed), mask),
+        "charts/decision_share": kernels.masked_mean(decision_tokens, mask),
         "charts/value_mean": kernels.masked_mean(prepared.old_values, mask),
     }
 
