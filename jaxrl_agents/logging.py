@@ -1,5 +1,5 @@
-"""The metrics logger of a run: metrics.jsonl, TensorBoard, a progress bar, config.json
-and eval.json (the files and their names are `run_records.py`; the PNG curves
+"""The metrics logger of a run: metrics.jsonl, TensorBoard, a progress bar, config.json,
+eval.json and the evaluated games (eval_episodes/) (the files and their names are `run_records.py`; the PNG curves
 `plots.py`; success intervals such as `success_ci` are `stats.py`).
 
     with RunLogger(run_dir, total=num_updates, resume_step=start) as log:
@@ -26,9 +26,11 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from jaxrl_agents.data.dump import write_summaries
 from jaxrl_agents.plots import plot_metrics
 from jaxrl_agents.run_records import (
     CONFIG_FILE,
+    EVAL_EPISODES_DIR,
     EVAL_FILE,
     METRICS_FILE,
     WALL_TIME,
@@ -83,6 +85,14 @@ def _to_json_tree(obj, key: str = "?"):
     if hasattr(obj, "shape") and np.asarray(obj).size != 1:
         return [_to_json_tree(v, key) for v in np.asarray(obj).tolist()]
     return to_json_value(obj, key)
+
+
+def eval_episodes_name(stage: str, step: int | None = None) -> str:
+    """The file name of an evaluation's episodes: "rl.jsonl", "rl-update20.jsonl",
+    "stage_w2-o3-q4.jsonl" (characters other than letters, digits, "-", "_" and "."
+    become "_")."""
+    name = "".join(c if c.isalnum() or c in "-_." else "_" for c in stage)
+    return f"{name}.jsonl" if step is None else f"{name}-update{int(step)}.jsonl"
 
 
 # --- the logger ------------------------------------------------------------------------
@@ -209,6 +219,18 @@ class RunLogger:
         if step is not None:
             evals.setdefault("per_update", {}).setdefault(str(int(step)), {})[stage] = clean
         write_json_atomic(path, evals)
+
+    def write_eval_episodes(self, stage: str, trajectories, *, step: int | None = None
+                            ) -> str | None:
+        """Writes an evaluation's episodes, one JSON line per game as people read it
+        (`data.dump.episode_summary`: actions, rewards, how it ended), to
+        run_dir/eval_episodes/<stage>.jsonl (<stage>-update<step>.jsonl with `step`),
+        replacing an earlier evaluation of the same stage and step. Returns the path."""
+        if not self.is_main:
+            return None
+        path = os.path.join(self.run_dir, EVAL_EPISODES_DIR, eval_episodes_name(stage, step))
+        write_summaries(path, trajectories, stage=stage, step=step)
+        return path
 
     def plot(self, keys: Sequence[str] | None = None) -> list[str]:
         """PNG learning curves in run_dir/plots/ (see `plot_metrics`)."""

@@ -3,7 +3,7 @@ metrics.jsonl read back or cut at a resumed step, and an earlier run's files set
 for a fresh one (docs/design.md, "Outputs of a run").
 
 Who writes what: `logging.RunLogger` writes metrics.jsonl, TensorBoard events,
-config.json and eval.json; `plots.plot_metrics` the PNG curves; the trainer summary.json,
+config.json, eval.json and eval_episodes/; `plots.plot_metrics` the PNG curves; the trainer summary.json,
 checkpoints, the tokenizer and trajectories; a sweep its train.log beside them.
 
 Metric names are grouped by prefix ("losses/pg", "charts/success", "perf/tokens_per_s");
@@ -25,13 +25,14 @@ SUMMARY_FILE = "summary.json"  # written when a run finishes (trainer.summary.wr
 CHECKPOINT_DIR = "checkpoints"
 TOKENIZER_DIR = "tokenizer"  # the tokenizer trained for the run
 TRAJECTORIES_FILE = "trajectories.jsonl"  # reward.dump_trajectories
+EVAL_EPISODES_DIR = "eval_episodes"  # each held-out evaluation's games, <stage>.jsonl
 WALL_TIME = "wall_time"  # seconds since the epoch, on every metrics.jsonl row
 DEFAULT_GROUP = "charts"
 
 PREVIOUS_DIR = "previous"
 # What a run writes into its directory (a sweep's train.log stays: the sweep owns it).
 RUN_FILES = (METRICS_FILE, EVAL_FILE, CONFIG_FILE, PLOTS_DIR, SUMMARY_FILE, CHECKPOINT_DIR,
-             TOKENIZER_DIR, TRAJECTORIES_FILE)
+             TOKENIZER_DIR, TRAJECTORIES_FILE, EVAL_EPISODES_DIR)
 
 
 def metric_group(name: str) -> tuple[str, str]:

@@ -152,3 +152,11 @@ def test_non_main_process_writes_nothing(tmp_path):
         log.write_eval("rl", {"mean": 1.0})
         assert log.plot() == []
     assert os.listdir(tmp_path) == []
+
+
+def test_eval_episode_files_are_named_by_stage_and_update():
+    from jaxrl_agents.logging import eval_episodes_name
+
+    assert eval_episodes_name("rl") == "rl.jsonl"
+    assert eval_episodes_name("rl", step=20) == "rl-update20.jsonl"
+    assert eval_episodes_name("stage:toy:count-2", step=3) == "stage_toy_count-2-update3.jsonl"

@@ -260,6 +260,36 @@ def test_dump_round_trip(tmp_path):
         assert [json.loads(line)["update"] for line in f] == [0, 1]
 
 
+def test_episode_summary_reads_as_the_game_went(tmp_path):
+    """eval_episodes/<stage>.jsonl lines: each turn's action, reward, offered count and
+    whether it repeated an earlier action or was refused; no tokens."""
+    record = EpisodeRecord()
+    for action, reward, offered, invalid in (("go east", 0.0, 3, False),
+                                             ("go west", 0.0, 3, False),
+                                             ("go east", 0.5, 2, False),
+                                             ("dance", 0.0, 2, True)):
+        record.admissible.append([f"c{i}" for i in range(offered)])
+        record.add_prompt([1, 2])
+        record.add_action([3, 4], action)
+        record.add_reward(reward, {"invalid": invalid})
+    traj = record.to_trajectory(won=False, truncated=True, task_id="game-7",
+                                info={"end_reason": "step_budget"})
+    got = dump.episode_summary(traj)
+    assert got == {
+        "task_id": "game-7", "won": False, "return": 0.5, "steps": 4,
+        "end_reason": "step_budget", "truncated": True, "failed": False,
+        "actions": ["go east", "go west", "go east", "dance"],
+        "turn_rewards": [0.0, 0.0, 0.5, 0.0], "offered": [3, 3, 2, 2],
+        "repeated": [False, False, True, False], "invalid": [False, False, False, True],
+    }
+    path = str(tmp_path / "eval_episodes" / "rl.jsonl")
+    dump.write_summaries(path, [traj, traj], stage="rl", step=None)
+    dump.write_summaries(path, [traj], stage="rl", step=None)  # replaces, not appends
+    with open(path) as f:
+        lines = [json.loads(line) for line in f]
+    assert lines == [{**got, "stage": "rl", "step": None}]
+
+
 def test_episode_record_keeps_reward_infos_per_turn():
     record = EpisodeRecord()
     record.add_prompt([1, 2])

@@ -4,7 +4,10 @@
     trajs = read_jsonl("runs/a/trajectories.jsonl")
     y = labels(trajs, "won")                                      # [B] in [0, 1]
 
-One object per episode: task_id, group_id, update (and any other extra field), tokens,
+`write_summaries` writes the held-out games' episodes as people read them (actions, rewards,
+how each ended; no tokens): a run's eval_episodes/<stage>.jsonl.
+
+One object per episode (`append_jsonl`): task_id, group_id, update (and any other extra field), tokens,
 token_type, turn_ends, turn_rewards (the environment's reward of each turn), turn_info
 (the reward-component infos, see rewards.TURN_INFO_KEYS), won, truncated, failed,
 pass_share (the label of that name) and return. A resumed run appends again the updates
@@ -58,6 +61,46 @@ def trajectory_record(traj: Trajectory) -> dict:
         "pass_share": episode_label(traj, "pass_share"),
         "return": float(traj.episode_return),
     }
+
+
+def episode_summary(traj: Trajectory) -> dict:
+    """One episode as a person reads it, without its tokens: the game, the outcome, how it
+    ended, and each turn's action, reward and number of commands offered, with whether the
+    action repeated an earlier one of the episode or was refused as invalid."""
+    actions = list(traj.info.get("actions", []))
+    turn_ends = np.asarray(traj.turn_ends, np.int64)
+    offered = traj.info.get("admissible", [])
+    invalid = traj.info.get("invalid", [])
+    seen: set[str] = set()
+    repeated = []
+    for action in actions:
+        repeated.append(action in seen)
+        seen.add(action)
+    return {
+        "task_id": traj.task_id,
+        "won": bool(traj.won),
+        "return": float(traj.episode_return),
+        "steps": len(actions),
+        "end_reason": traj.info.get("end_reason", ""),
+        "truncated": bool(traj.truncated),
+        "failed": bool(traj.failed),
+        "actions": actions,
+        "turn_rewards": traj.rewards[turn_ends].astype(float).tolist(),
+        "offered": [len(c) for c in offered],
+        "repeated": repeated,
+        "invalid": [bool(v) for v in invalid],
+    }
+
+
+def write_summaries(path: str, trajs: Sequence[Trajectory], **extra) -> None:
+    """`path` holds one JSON line per episode (`episode_summary` plus `extra`), replacing
+    what it held (written to a temporary file first)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        for traj in trajs:
+            f.write(json.dumps({**episode_summary(traj), **extra}) + "\n")
+    os.replace(tmp, path)
 
 
 def append_jsonl(path: str, trajs: Sequence[Trajectory], **extra) -> None:

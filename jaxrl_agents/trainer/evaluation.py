@@ -28,7 +28,7 @@ class Evaluator:
                  *, temperature: float = 0.0, samples: int = 1, seed: int = 0) -> dict:
         """Greedy play on the held-out tasks (`ids`, default every one; the first `limit`, or
         all when 0); success with a 95% Wilson interval, written to eval.json by `logger`
-        as `stage`. When the games cover several tasks, each task's share is also written
+        as `stage`, and every game's episode to eval_episodes/<stage>.jsonl. When the games cover several tasks, each task's share is also written
         as stage "<stage>:<task>".
 
         temperature > 0: sampled play instead, each game `samples` times (keys from `seed`);
@@ -48,6 +48,7 @@ class Evaluator:
             per_task = {task: held_out_result(part) for task, part in parts.items()}
             result["by_task"] = {task: r["mean"] for task, r in sorted(per_task.items())}
         logger.write_eval(stage, result, step=step)
+        logger.write_eval_episodes(stage, trajs, step=step)
         for task, task_result in per_task.items():
             logger.write_eval(f"{stage}:{task}", task_result, step=step)
         return result

@@ -97,6 +97,13 @@ def test_pretraining_runs_without_sft(tmp_path):
     assert any("pretrain/train_loss" in r for r in rows)
     assert "pretrain" in summary and "sft" not in summary
     assert (tmp_path / "pretrain" / "checkpoints" / "0").is_dir()
+    # The held-out games of the final evaluation, one line each, as eval.json counts them.
+    with open(tmp_path / "pretrain" / "eval_episodes" / "rl.jsonl") as f:
+        games = [json.loads(line) for line in f]
+    per_game = summary["rl"]["per_game"]
+    assert sorted(g["task_id"] for g in games) == sorted(per_game)
+    assert all(float(g["won"]) == per_game[g["task_id"]] for g in games)
+    assert all(len(g["actions"]) == g["steps"] == len(g["turn_rewards"]) >= 1 for g in games)
 
 
 @pytest.mark.slow
