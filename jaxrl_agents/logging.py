@@ -1,6 +1,6 @@
 """The metrics logger of a run: metrics.jsonl, TensorBoard, a progress bar, config.json,
-eval.json and the evaluated games (eval_episodes/) (the files and their names are `run_records.py`; the PNG curves
-`plots.py`; success intervals such as `success_ci` are `stats.py`).
+eval.json and the evaluated games, eval_episodes/ (the files and their names are
+`run_records.py`; the PNG curves `plots.py`; success intervals such as `success_ci` are `stats.py`).
 
     with RunLogger(run_dir, total=num_updates, resume_step=start) as log:
         log.save_config(cfg)

@@ -3,8 +3,9 @@ metrics.jsonl read back or cut at a resumed step, and an earlier run's files set
 for a fresh one (docs/design.md, "Outputs of a run").
 
 Who writes what: `logging.RunLogger` writes metrics.jsonl, TensorBoard events,
-config.json, eval.json and eval_episodes/; `plots.plot_metrics` the PNG curves; the trainer summary.json,
-checkpoints, the tokenizer and trajectories; a sweep its train.log beside them.
+config.json, eval.json and eval_episodes/; `plots.plot_metrics` the PNG curves; the
+trainer summary.json, checkpoints, the tokenizer and trajectories; a sweep its train.log
+beside them.
 
 Metric names are grouped by prefix ("losses/pg", "charts/success", "perf/tokens_per_s");
 a name without a prefix belongs to "charts/" (`metric_group`) in TensorBoard and in the

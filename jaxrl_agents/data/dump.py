@@ -7,9 +7,9 @@
 `write_summaries` writes the held-out games' episodes as people read them (actions, rewards,
 how each ended; no tokens): a run's eval_episodes/<stage>.jsonl.
 
-One object per episode (`append_jsonl`): task_id, group_id, update (and any other extra field), tokens,
-token_type, turn_ends, turn_rewards (the environment's reward of each turn), turn_info
-(the reward-component infos, see rewards.TURN_INFO_KEYS), won, truncated, failed,
+One object per episode (`append_jsonl`): task_id, group_id, update (and any other extra
+field), tokens, token_type, turn_ends, turn_rewards (the environment's reward of each
+turn), turn_info (the reward-component infos, see rewards.TURN_INFO_KEYS), won, truncated, failed,
 pass_share (the label of that name) and return. A resumed run appends again the updates
 after its last checkpoint: `update` tells the copies apart.
 """
