@@ -28,8 +28,8 @@ class Evaluator:
                  *, temperature: float = 0.0, samples: int = 1, seed: int = 0) -> dict:
         """Greedy play on the held-out tasks (`ids`, default every one; the first `limit`, or
         all when 0); success with a 95% Wilson interval, written to eval.json by `logger`
-        as `stage`, and every game's episode to eval_episodes/<stage>.jsonl. When the games cover several tasks, each task's share is also written
-        as stage "<stage>:<task>".
+        as `stage`, and every game's episode to eval_episodes/<stage>.jsonl. When the games
+        cover several tasks, each task's share is also written as stage "<stage>:<task>".
 
         temperature > 0: sampled play instead, each game `samples` times (keys from `seed`);
         the interval is then over games (`clustered_success_ci`).
