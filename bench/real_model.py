@@ -8,8 +8,9 @@ shape of SmolLM2-135M-Instruct (Llama: 30 layers, D=576, 9 query / 3 kv heads, h
    counted: programs compiled, seconds spent lowering and compiling, and wall time.
 2. `--decode`: greedy decode tokens/s against transformers' PyTorch `generate` with the same
    weights (float32, 64-token prompts, 64 new tokens), batch 1, 8 and 32, timed in turns
-   (best of `--repeats`); at batch 1 also against the memory-bandwidth bound (weight bytes
-   read per token over a measured copy bandwidth).
+   (best of `--repeats`), with the layers under scan and unrolled as two contestants of the
+   same run (`--decode-layers`); at batch 1 also against the memory-bandwidth bound
+   (weight bytes read per token over a measured copy bandwidth).
 3. `--learner`: forward + backward tokens/s of a next-token loss against the torch model.
 4. `--memory`: peak resident memory of a 32-episode rollout that fills a 2048-slot cache,
    against `jaxrl-plan`'s rows for it.
@@ -27,6 +28,7 @@ Usage: .venv/bin/python bench/real_model.py [--compile] [--decode] [--learner] [
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import tempfile
@@ -122,21 +124,26 @@ def measure_compile(path: str, episodes: int, rows: int, turns: int, scan: bool)
     print(f"  the same workload again (compiled): {time.perf_counter() - start:.1f} s")
 
 
-def measure_decode(path: str, torch_model, repeats: int, scan: bool):
+def measure_decode(path: str, torch_model, repeats: int, layer_modes: list[str],
+                   batches=BATCHES):
+    """Greedy decode of ours against torch `generate`, timed in turns; one contestant per
+    entry of `layer_modes` ("scan" / "unrolled": the same weights, layers under lax.scan
+    or one after the other), so both layer layouts are compared in one run."""
     import torch
 
     from bench.common import best_seconds_interleaved, copy_bandwidth_gbs, table
     from jaxrl_agents.models import count_params, hf_io
     from jaxrl_agents.rollout import Sampler, SamplingParams
 
-    model = hf_io.load(path, scan_layers=scan)[0]
-    sampler = Sampler(model)
+    samplers = {mode: Sampler(hf_io.load(path, scan_layers=mode == "scan")[0])
+                for mode in layer_modes}
+    weight_bytes = 4 * count_params(next(iter(samplers.values())).model)
     rng = np.random.default_rng(0)
-    rows = []
-    for b in BATCHES:
+    rows, per_token = [], {}
+    for b in batches:
         prompts = rng.integers(1, 49152, size=(b, PROMPT))
 
-        def ours(p=prompts):
+        def ours(sampler, p=prompts):
             out = sampler.generate(p.tolist(), NEW, SamplingParams())
             assert all(len(t) == NEW for t in out.tokens)
 
@@ -146,22 +153,24 @@ def measure_decode(path: str, torch_model, repeats: int, scan: bool):
                 torch_model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
                                      max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False)
 
-        best = best_seconds_interleaved({"ours": ours, "torch": theirs}, repeats=repeats,
+        contestants = {mode: functools.partial(ours, sampler) for mode, sampler in samplers.items()}
+        best = best_seconds_interleaved({**contestants, "torch": theirs}, repeats=repeats,
                                         warmup=1)
         tokens = b * NEW
-        rows.append([b, f"{tokens / best['ours']:.1f}", f"{tokens / best['torch']:.1f}",
-                     f"{best['torch'] / best['ours']:.2f}x"])
-        if b == 1:
-            weight_bytes = 4 * count_params(model)
-            bound = copy_bandwidth_gbs() * 1e9 / weight_bytes
-            per_token = best["ours"] / NEW
+        for mode in layer_modes:
+            rows.append([b, mode, f"{tokens / best[mode]:.1f}", f"{tokens / best['torch']:.1f}",
+                         f"{best['torch'] / best[mode]:.2f}x"])
+            if b == 1:
+                per_token[mode] = best[mode] / NEW
     print(f"Decode: greedy, float32, prompt {PROMPT}, {NEW} new tokens, best of {repeats}, "
           f"torch {torch.__version__} at {torch.get_num_threads()} threads, jax "
           f"{jax.__version__}")
-    print(table(rows, ["batch", "ours tok/s", "torch tok/s", "ratio"]))
-    print(f"Batch 1 against the bandwidth bound: {1 / per_token:.1f} tok/s of at most "
-          f"{bound:.1f} tok/s ({weight_bytes / 1e6:.0f} MB of weights read per token): "
-          f"{1 / per_token / bound:.0%} of the bound")
+    print(table(rows, ["batch", "layers", "ours tok/s", "torch tok/s", "ratio"]))
+    bound = copy_bandwidth_gbs() * 1e9 / weight_bytes
+    for mode, seconds in per_token.items():
+        print(f"Batch 1, {mode}, against the bandwidth bound: {1 / seconds:.1f} tok/s of at "
+              f"most {bound:.1f} tok/s ({weight_bytes / 1e6:.0f} MB of weights read per "
+              f"token): {1 / seconds / bound:.0%} of the bound")
 
 
 def measure_memory(path: str, rows: int, context: int, scan: bool):
@@ -379,6 +388,10 @@ def main():
     parser.add_argument("--layers", type=int, default=30)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--unrolled", action="store_true", help="scan_layers=False")
+    parser.add_argument("--decode-layers", default="scan,unrolled",
+                        help="--decode: the layer layouts timed side by side (scan, unrolled)")
+    parser.add_argument("--batches", default=",".join(map(str, BATCHES)),
+                        help="--decode: batch sizes")
     args = parser.parse_args()
     if args.textworld:
         measure_textworld(args.episodes)
@@ -389,7 +402,8 @@ def main():
         if args.compile:
             measure_compile(tmp, args.episodes, args.rows, args.turns, not args.unrolled)
         if args.decode:
-            measure_decode(tmp, torch_model, args.repeats, not args.unrolled)
+            measure_decode(tmp, torch_model, args.repeats, args.decode_layers.split(","),
+                           [int(b) for b in args.batches.split(",")])
         if args.learner:
             measure_learner(tmp, torch_model, args.repeats, not args.unrolled)
         if args.memory:
