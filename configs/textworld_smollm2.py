@@ -64,9 +64,10 @@ def get_config():
     c.sft.eval_games = 100  # all held-out games: stages compared on the same games
     c.algo.estimator = "gae"  # token-level GAE
     c.model.critic = "head"  # value head on the policy trunk
-    # Measured (docs/results.md): 1e-5 barely moves the policy (approx KL <= 0.002 per
-    # update; PPO - SFT +0.04, seed 0), 5e-5 moves it and loses held-out games at 8 episodes
-    # an update (-0.08 and -0.14, seeds 1 and 2). The smaller step is kept.
+    # Measured (docs/results.md): 1e-5 barely moves the policy (approx KL <= 0.003 per
+    # update; PPO - SFT +0.02 / -0.02 / 0.00 at seeds 0-2 on 100 games), 5e-5 moves it and
+    # loses held-out games at 8 episodes an update (-0.08 and -0.14, seeds 1 and 2). The
+    # smaller step is kept.
     c.rl.learning_rate = 1e-5
     # Only the top 6 of the 30 layers (and the value head) train in RL: the output of the
     # 24 below is computed once per update, which makes an update of 8 episodes 3.4x
