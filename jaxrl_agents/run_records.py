@@ -54,6 +54,16 @@ def write_json_atomic(path: str, obj) -> None:
     os.replace(tmp, path)
 
 
+def write_jsonl_atomic(path: str, rows) -> None:
+    """Writes `rows` (dicts) to `path` as JSON lines, through a temporary file and a rename
+    like `write_json_atomic`."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+    os.replace(tmp, path)
+
+
 # --- metrics.jsonl ---------------------------------------------------------------------
 
 
@@ -81,11 +91,7 @@ def truncate_metrics(run_dir: str, step: int) -> int:
     rows = [r for r in read_metrics(run_dir) if r.get("step", 0) <= step]
     path = os.path.join(run_dir, METRICS_FILE)
     if os.path.exists(path):
-        tmp = f"{path}.tmp"
-        with open(tmp, "w") as f:
-            for row in rows:
-                f.write(json.dumps(row) + "\n")
-        os.replace(tmp, path)
+        write_jsonl_atomic(path, rows)
     eval_path = os.path.join(run_dir, EVAL_FILE)
     if os.path.exists(eval_path):
         with open(eval_path) as f:

@@ -22,7 +22,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from jaxrl_agents import monitors
 from jaxrl_agents.data.trajectory import Trajectory
+from jaxrl_agents.run_records import write_jsonl_atomic
 
 LABELS = ("won", "pass_share")
 
@@ -71,11 +73,9 @@ def episode_summary(traj: Trajectory) -> dict:
     turn_ends = np.asarray(traj.turn_ends, np.int64)
     offered = traj.info.get("admissible", [])
     invalid = traj.info.get("invalid", [])
-    seen: set[str] = set()
-    repeated = []
-    for action in actions:
-        repeated.append(action in seen)
-        seen.add(action)
+    # The repetition monitor's own test (normalised actions), so these flags add up to its
+    # repeat_rate.
+    repeated = (~monitors.first_occurrences(actions)).tolist()
     return {
         "task_id": traj.task_id,
         "won": bool(traj.won),
@@ -94,13 +94,9 @@ def episode_summary(traj: Trajectory) -> dict:
 
 def write_summaries(path: str, trajs: Sequence[Trajectory], **extra) -> None:
     """`path` holds one JSON line per episode (`episode_summary` plus `extra`), replacing
-    what it held (written to a temporary file first)."""
+    what it held (`run_records.write_jsonl_atomic`)."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        for traj in trajs:
-            f.write(json.dumps({**episode_summary(traj), **extra}) + "\n")
-    os.replace(tmp, path)
+    write_jsonl_atomic(path, ({**episode_summary(traj), **extra} for traj in trajs))
 
 
 def append_jsonl(path: str, trajs: Sequence[Trajectory], **extra) -> None:
