@@ -29,10 +29,13 @@ EVAL_HELP = """Evaluate a run on its held-out tasks (greedy actions, or sampled 
   jaxrl-eval --config X.py [--config.a=b ...] [--step N]
   jaxrl-eval --run runs/NAME --temperature 1 --samples 4   # sampled play, 4 per game
   jaxrl-eval --config configs/textworld_smollm2.py          # no checkpoint yet: zero-shot
+  jaxrl-eval --run runs/NAME --read sft --read rl   # how games were lost; plays nothing
 
 Prints held-out success with a 95% confidence interval and writes it to eval.json ("eval";
 "eval_T<temperature>" for sampled play). A run without a checkpoint (or with --base) plays
-its pretrained weights (model.hf_path) instead: "base" / "base_T<temperature>".
+its pretrained weights (model.hf_path) instead: "base" / "base_T<temperature>". Every
+evaluation's games are written to eval_episodes/<stage>.jsonl; --read sorts them by how
+they ended (won, lost, loop, out of steps, invalid action, env failure).
 """
 
 
@@ -120,6 +123,29 @@ def _print_comparison(cfg, args, result: dict) -> int:
     return 0
 
 
+def _print_readings(cfg, stages: list[str]) -> int:
+    """jaxrl-eval --read STAGE [--read STAGE2]: each stage's games by how they ended
+    (`failures.reading`), and with two stages the games whose ending changed; 2 when an
+    episodes file is missing or unreadable, or more than two stages are given."""
+    from jaxrl_agents import failures
+    from jaxrl_agents.trainer.loop import run_dir_of
+
+    if len(stages) > 2:
+        print(f"jaxrl-eval: --read takes one or two stages, got {len(stages)}", file=sys.stderr)
+        return 2
+    run_dir = run_dir_of(cfg)
+    try:
+        episodes = [failures.read_episodes(failures.stage_path(run_dir, s)) for s in stages]
+    except (FileNotFoundError, ValueError) as err:
+        print(f"jaxrl-eval: --read: {err}", file=sys.stderr)
+        return 2
+    for stage, eps in zip(stages, episodes, strict=True):
+        print(failures.format_reading(failures.reading(eps), stage))
+    if len(stages) == 2:
+        print(failures.format_transitions(failures.transitions(*episodes), *stages))
+    return 0
+
+
 def eval_main(argv=None) -> int:
     def extra(p):
         p.add_argument("--run", metavar="DIR", help="a run directory made by jaxrl-train")
@@ -137,6 +163,10 @@ def eval_main(argv=None) -> int:
         p.add_argument("--base", action="store_true",
                        help="play the pretrained weights (model.hf_path), not a checkpoint "
                             "(the default when the run has none)")
+        p.add_argument("--read", metavar="STAGE", action="append", default=[],
+                       help="play nothing: how the games of the run's evaluation STAGE (sft, "
+                            "rl, eval, rl-update5, ...) were lost, from eval_episodes/; twice "
+                            "to compare two stages game by game")
 
     try:
         args, cfg = _parse(sys.argv[1:] if argv is None else argv, EVAL_HELP, extra)
@@ -160,6 +190,8 @@ def eval_main(argv=None) -> int:
     except ConfigError as err:
         print(f"jaxrl-eval: {err}", file=sys.stderr)
         return 2
+    if args.read:
+        return _print_readings(cfg, args.read)
     from jaxrl_agents.preflight import MemoryCheckError
     from jaxrl_agents.trainer.loop import evaluate_checkpoint
 
