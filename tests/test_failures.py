@@ -121,3 +121,16 @@ def test_jaxrl_eval_read_prints_stages_and_changes_without_playing(tmp_path, cap
     assert _print_readings(cfg, ["base"]) == 2
     assert "no evaluation episodes at" in capsys.readouterr().err
     assert _print_readings(cfg, ["a", "b", "c"]) == 2
+
+
+def test_run_summary_says_how_each_stages_games_ended(tmp_path):
+    from jaxrl_agents.trainer.summary import format_summary
+
+    _summaries(tmp_path, "rl", GAMES[:5])
+    run_dir = str(tmp_path / "run")
+    result = {"mean": 0.2, "ci_low": 0.0, "ci_high": 0.6, "n": 5}
+    lines = format_summary({"sft": result, "rl": result, "run_dir": run_dir}).splitlines()
+    at = lines.index("held-out success after RL: 0.200 (95% CI 0.000-0.600, 5 games)")
+    assert lines[at + 1] == ("  games ended: won 1, env failure 1, invalid action 1, lost 1, "
+                             f"loop 1 (jaxrl-eval --run {run_dir} --read rl)")
+    assert not any("games ended" in line for line in lines[:at])  # no sft.jsonl: no line

@@ -10,7 +10,7 @@ import json
 import os
 from collections.abc import Mapping
 
-from jaxrl_agents import stats
+from jaxrl_agents import failures, stats
 from jaxrl_agents.run_records import SUMMARY_FILE
 
 # The held-out evaluations of a run, in order, and how the summary names them.
@@ -21,6 +21,7 @@ def format_summary(summary: dict) -> str:
     """Human-readable end-of-run lines: held-out success of the pretrained model (when the
     run starts from one), after SFT and after RL."""
     lines = []
+    run_dir = summary.get("run_dir", "")
     for stage, when in SUMMARY_STAGES.items():
         r = summary.get(stage)
         if r and r.get("mean") is not None:
@@ -28,13 +29,24 @@ def format_summary(summary: dict) -> str:
                 f"held-out success {when}: {r['mean']:.3f} "
                 f"(95% CI {r['ci_low']:.3f}-{r['ci_high']:.3f}, {r['n']} games)"
             )
+            lines += ended_lines(run_dir, stage)
     lines += paired_lines(summary)
-    run_dir = summary.get("run_dir", "")
     lines.append(
         f"logs: {run_dir}/metrics.jsonl, TensorBoard in {run_dir}, "
         f"eval: {run_dir}/eval.json, plots: {run_dir}/plots/"
     )
     return "\n".join(lines)
+
+
+def ended_lines(run_dir: str, stage: str) -> list[str]:
+    """"  games ended: won 41, loop 58, ..." from the stage's eval_episodes file
+    (`failures.reading`); nothing when the run has no such file."""
+    path = failures.stage_path(run_dir, stage)
+    if not run_dir or not os.path.exists(path):
+        return []
+    causes = failures.reading(failures.read_episodes(path))["causes"]
+    parts = ", ".join(f"{c} {k}" for c, k in causes.items() if k)
+    return [f"  games ended: {parts} (jaxrl-eval --run {run_dir} --read {stage})"]
 
 
 # Pairs of stages compared game by game at the end of a run: (earlier, later).
