@@ -64,6 +64,7 @@ def test_run_writes_its_outputs_and_sft_loss_falls(tmp_path):
     run = tmp_path / "full"
     assert "held-out success after SFT" in done.stdout
     assert "held-out success after RL" in done.stdout
+    assert f"(jaxrl-eval --run {run} --read rl)" in done.stdout  # how the games ended
     for name in ("config.json", "metrics.jsonl", "eval.json", "summary.json"):
         assert (run / name).exists(), name
     assert list((run / "plots").glob("*.png"))
