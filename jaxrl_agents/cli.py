@@ -32,10 +32,11 @@ EVAL_HELP = """Evaluate a run on its held-out tasks (greedy actions, or sampled 
   jaxrl-eval --run runs/NAME --read sft --read rl   # how games were lost; plays nothing
 
 Prints held-out success with a 95% confidence interval and writes it to eval.json ("eval";
-"eval_T<temperature>" for sampled play). A run without a checkpoint (or with --base) plays
-its pretrained weights (model.hf_path) instead: "base" / "base_T<temperature>". Every
-evaluation's games are written to eval_episodes/<stage>.jsonl; --read sorts them by how
-they ended (won, lost, loop, out of steps, invalid action, env failure).
+"eval_T<temperature>" for sampled play; "eval-step<N>" with --step N). A run without a
+checkpoint (or with --base) plays its pretrained weights (model.hf_path) instead: "base" /
+"base_T<temperature>". Every evaluation's games are written to
+eval_episodes/<stage>.jsonl; --read sorts them by how they ended (won, lost, loop, out of
+steps, invalid action, env failure).
 """
 
 
@@ -149,7 +150,9 @@ def _print_readings(cfg, stages: list[str]) -> int:
 def eval_main(argv=None) -> int:
     def extra(p):
         p.add_argument("--run", metavar="DIR", help="a run directory made by jaxrl-train")
-        p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
+        p.add_argument("--step", type=int, default=None,
+                       help="checkpoint step (default: latest); written as stage "
+                            "eval-step<STEP>")
         p.add_argument("--temperature", type=float, default=0.0,
                        help="sample actions at this temperature instead of greedy play "
                             "(written to eval.json as eval_T<temperature>)")

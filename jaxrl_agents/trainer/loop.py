@@ -343,7 +343,9 @@ def evaluate_checkpoint(cfg, step: int | None = None, *, temperature: float = 0.
                         samples: int = 1, seed: int = 0, base: bool = False) -> dict:
     """Held-out success of a run's checkpoint (latest by default), written as "eval"
     (greedy) or "eval_T<temperature>" (sampled `samples` times per game; see
-    `Evaluator.evaluate`). With `base`, or when the run has no checkpoint yet, that of the
+    `Evaluator.evaluate`); a checkpoint named by `step` as "eval-step<step>" (and
+    "eval-step<step>_T<temperature>"), so evaluating several checkpoints keeps each one's
+    figures and episodes. With `base`, or when the run has no checkpoint yet, that of the
     pretrained weights (`model.hf_path`) instead, written as "base" / "base_T<temperature>".
     Raises FileNotFoundError when there is neither a checkpoint nor pretrained weights,
     and preflight.MemoryCheckError when its planned peak is over the machine's memory."""
@@ -369,7 +371,8 @@ def evaluate_checkpoint(cfg, step: int | None = None, *, temperature: float = 0.
             progress_bar=False,
             is_main=distributed.is_main_process(),
         )
-        stage = ("base" if base else "eval") + ("" if temperature == 0 else f"_T{temperature:g}")
+        stage = "base" if base else ("eval" if step is None else f"eval-step{int(step)}")
+        stage += "" if temperature == 0 else f"_T{temperature:g}"
         return trainer.evaluate(stage, temperature=temperature, samples=samples, seed=seed)
     finally:
         trainer.close()

@@ -180,6 +180,14 @@ def test_jaxrl_eval_plays_greedy_or_sampled(tmp_path, capsys):
     assert cli.eval_main(["--run", run]) == 0
     evals = json.loads((tmp_path / "ev" / "eval.json").read_text())
     assert evals["eval"]["mean"] == evals["rl"]["mean"] and evals["eval"]["n"] == 4
+    # A checkpoint named by --step is its own stage: an earlier evaluation is kept.
+    last = max(int(p.name) for p in (tmp_path / "ev" / "checkpoints").iterdir()
+               if p.name.isdigit())
+    assert cli.eval_main(["--run", run, "--step", str(last)]) == 0
+    evals = json.loads((tmp_path / "ev" / "eval.json").read_text())
+    assert evals[f"eval-step{last}"]["per_game"] == evals["eval"]["per_game"]
+    assert (tmp_path / "ev" / "eval_episodes" / f"eval-step{last}.jsonl").exists()
+    assert (tmp_path / "ev" / "eval_episodes" / "eval.jsonl").exists()
     sampled = []
     for _ in range(2):
         assert cli.eval_main(["--run", run, "--temperature", "1", "--samples", "3"]) == 0
