@@ -9,8 +9,10 @@ shape of SmolLM2-135M-Instruct (Llama: 30 layers, D=576, 9 query / 3 kv heads, h
 2. `--decode`: greedy decode tokens/s against transformers' PyTorch `generate` with the same
    weights (float32, 64-token prompts, 64 new tokens), batch 1, 8 and 32, timed in turns
    (best of `--repeats`), with the layers under scan and unrolled as two contestants of the
-   same run (`--decode-layers`); at batch 1 also against the memory-bandwidth bound
-   (weight bytes read per token over a measured copy bandwidth).
+   same run (`--decode-layers`), and the scanned layers over a `data` mesh of one CPU
+   device per core ("mesh": each device decodes its share of the batch; this script asks
+   XLA for that many host devices unless a count is set); at batch 1 also against the
+   memory-bandwidth bound (weight bytes read per token over a measured copy bandwidth).
 3. `--learner`: forward + backward tokens/s of a next-token loss against the torch model.
 4. `--memory`: peak resident memory of a 32-episode rollout that fills a 2048-slot cache,
    against `jaxrl-plan`'s rows for it.
@@ -37,6 +39,10 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform"
+                               f"_device_count={os.cpu_count() or 1}").strip()
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
@@ -124,19 +130,35 @@ def measure_compile(path: str, episodes: int, rows: int, turns: int, scan: bool)
     print(f"  the same workload again (compiled): {time.perf_counter() - start:.1f} s")
 
 
+def _decode_sampler(path: str, mode: str):
+    """A sampler of the checkpoint for one `--decode-layers` entry: "scan" and "unrolled"
+    on one device, "mesh" (scanned layers) over a `data` mesh of every device."""
+    from jaxrl_agents import sharding
+    from jaxrl_agents.models import hf_io
+    from jaxrl_agents.rollout import Sampler
+
+    if mode not in ("scan", "unrolled", "mesh"):
+        raise SystemExit(f"--decode-layers: unknown layout {mode!r} (scan, unrolled, mesh)")
+    model = hf_io.load(path, scan_layers=mode != "unrolled")[0]
+    if mode != "mesh":
+        return Sampler(model)
+    mesh = sharding.make_mesh({"data": jax.device_count(), "fsdp": 1, "tensor": 1})
+    return Sampler(sharding.shard_params(model, mesh), mesh=mesh)
+
+
 def measure_decode(path: str, torch_model, repeats: int, layer_modes: list[str],
                    batches=BATCHES):
     """Greedy decode of ours against torch `generate`, timed in turns; one contestant per
     entry of `layer_modes` ("scan" / "unrolled": the same weights, layers under lax.scan
-    or one after the other), so both layer layouts are compared in one run."""
+    or one after the other; "mesh": scanned, the batch split over a `data` mesh), so the
+    layouts are compared in one run."""
     import torch
 
     from bench.common import best_seconds_interleaved, copy_bandwidth_gbs, table
-    from jaxrl_agents.models import count_params, hf_io
-    from jaxrl_agents.rollout import Sampler, SamplingParams
+    from jaxrl_agents.models import count_params
+    from jaxrl_agents.rollout import SamplingParams
 
-    samplers = {mode: Sampler(hf_io.load(path, scan_layers=mode == "scan")[0])
-                for mode in layer_modes}
+    samplers = {mode: _decode_sampler(path, mode) for mode in layer_modes}
     weight_bytes = 4 * count_params(next(iter(samplers.values())).model)
     rng = np.random.default_rng(0)
     rows, per_token = [], {}
@@ -153,11 +175,12 @@ def measure_decode(path: str, torch_model, repeats: int, layer_modes: list[str],
                 torch_model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
                                      max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False)
 
-        contestants = {mode: functools.partial(ours, sampler) for mode, sampler in samplers.items()}
+        contestants = {mode: functools.partial(ours, sampler) for mode, sampler in samplers.items()
+                       if sampler.mesh is None or b % sampler.mesh.shape["data"] == 0}
         best = best_seconds_interleaved({**contestants, "torch": theirs}, repeats=repeats,
                                         warmup=1)
         tokens = b * NEW
-        for mode in layer_modes:
+        for mode in contestants:
             rows.append([b, mode, f"{tokens / best[mode]:.1f}", f"{tokens / best['torch']:.1f}",
                          f"{best['torch'] / best[mode]:.2f}x"])
             if b == 1:
@@ -388,8 +411,8 @@ def main():
     parser.add_argument("--layers", type=int, default=30)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--unrolled", action="store_true", help="scan_layers=False")
-    parser.add_argument("--decode-layers", default="scan,unrolled",
-                        help="--decode: the layer layouts timed side by side (scan, unrolled)")
+    parser.add_argument("--decode-layers", default="scan,unrolled,mesh",
+                        help="--decode: the layouts timed side by side (scan, unrolled, mesh)")
     parser.add_argument("--batches", default=",".join(map(str, BATCHES)),
                         help="--decode: batch sizes")
     args = parser.parse_args()

@@ -108,8 +108,7 @@ def _print_comparison(cfg, args, result: dict) -> int:
     """jaxrl-eval --compare STAGE: this evaluation minus STAGE of the run's eval.json, game
     by game (`stats.paired_games`); 2 when the stage or its games are not there."""
     from jaxrl_agents import stats
-    from jaxrl_agents.run_records import EVAL_FILE
-    from jaxrl_agents.trainer.loop import run_dir_of
+    from jaxrl_agents.run_records import EVAL_FILE, run_dir_of
 
     path = os.path.join(run_dir_of(cfg), EVAL_FILE)
     with open(path) as f:
@@ -129,7 +128,7 @@ def _print_readings(cfg, stages: list[str]) -> int:
     (`failures.reading`), and with two stages the games whose ending changed; 2 when an
     episodes file is missing or unreadable, or more than two stages are given."""
     from jaxrl_agents import failures
-    from jaxrl_agents.trainer.loop import run_dir_of
+    from jaxrl_agents.run_records import run_dir_of
 
     if len(stages) > 2:
         print(f"jaxrl-eval: --read takes one or two stages, got {len(stages)}", file=sys.stderr)
@@ -173,12 +172,13 @@ def eval_main(argv=None) -> int:
 
     try:
         args, cfg = _parse(sys.argv[1:] if argv is None else argv, EVAL_HELP, extra)
-        from jaxrl_agents.trainer.evaluation import check_eval_sampling
+        if not args.read:  # --read plays nothing (and imports no JAX)
+            from jaxrl_agents.trainer.evaluation import check_eval_sampling
 
-        try:
-            check_eval_sampling(args.temperature, args.samples)
-        except ValueError as err:
-            raise ConfigError(f"--temperature / --samples: {err}") from None
+            try:
+                check_eval_sampling(args.temperature, args.samples)
+            except ValueError as err:
+                raise ConfigError(f"--temperature / --samples: {err}") from None
         if args.base and args.step is not None:
             raise ConfigError("--base plays the pretrained weights: give it no --step")
         if cfg is None:

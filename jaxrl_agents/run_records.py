@@ -36,6 +36,11 @@ RUN_FILES = (METRICS_FILE, EVAL_FILE, CONFIG_FILE, PLOTS_DIR, SUMMARY_FILE, CHEC
              TOKENIZER_DIR, TRAJECTORIES_FILE, EVAL_EPISODES_DIR)
 
 
+def run_dir_of(cfg) -> str:
+    """A run's directory: `output_dir/name` of its config."""
+    return os.path.join(cfg.output_dir, cfg.name)
+
+
 def metric_group(name: str) -> tuple[str, str]:
     """("losses", "pg") for "losses/pg"; ("charts", "success") for "success"."""
     if "/" in name:

@@ -134,3 +134,22 @@ def test_run_summary_says_how_each_stages_games_ended(tmp_path):
     assert lines[at + 1] == ("  games ended: won 1, env failure 1, invalid action 1, lost 1, "
                              f"loop 1 (jaxrl-eval --run {run_dir} --read rl)")
     assert not any("games ended" in line for line in lines[:at])  # no sft.jsonl: no line
+
+
+def test_jaxrl_eval_read_from_a_run_directory_imports_no_jax(tmp_path):
+    """`jaxrl-eval --run DIR --read STAGE` reads config.json and the episodes file only."""
+    import os
+    import subprocess
+    import sys
+
+    _summaries(tmp_path, "sft", GAMES[:5])
+    (tmp_path / "run" / "config.json").write_text(json.dumps({"name": "run", "seed": 3}))
+    code = ("import sys; from jaxrl_agents.cli import eval_main; "
+            f"rc = eval_main(['--run', {str(tmp_path / 'run')!r}, '--read', 'sft']); "
+            "print('jax imported:', 'jax' in sys.modules); sys.exit(rc)")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=root)
+    assert done.returncode == 0, done.stderr
+    assert "sft: 5 games: won 1" in done.stdout
+    assert "jax imported: False" in done.stdout

@@ -32,7 +32,7 @@ from jaxrl_agents import compile_cache, distributed, monitors, preflight
 from jaxrl_agents import rewards as reward_lib
 from jaxrl_agents.checkpoint import Checkpointer
 from jaxrl_agents.logging import RunLogger
-from jaxrl_agents.run_records import CHECKPOINT_DIR, set_aside_previous_run
+from jaxrl_agents.run_records import CHECKPOINT_DIR, run_dir_of, set_aside_previous_run
 from jaxrl_agents.sharding import make_mesh
 from jaxrl_agents.trainer import setup
 from jaxrl_agents.trainer.collect import Collection, Collector
@@ -40,10 +40,6 @@ from jaxrl_agents.trainer.evaluation import Evaluator
 from jaxrl_agents.trainer.rl import make_learner
 from jaxrl_agents.trainer.supervised import run_pretrain, run_sft
 from jaxrl_agents.trainer.task_schedule import ActionStageAdvanced, Promoted, TaskSchedule
-
-
-def run_dir_of(cfg) -> str:
-    return os.path.join(cfg.output_dir, cfg.name)
 
 
 def num_updates(cfg) -> int:
