@@ -50,7 +50,7 @@ bench: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check jaxrl_agents envs configs tests bench
 
-# The main demo: SmolLM2-135M-Instruct on held-out TextWorld games, base -> SFT -> PPO.
+# The main demo: SmolLM2-135M-Instruct on held-out TextWorld games, base -> PPO.
 # ARGS go to jaxrl-train: make demo ARGS="--config.seed=1 --config.name=textworld_smollm2_seed1"
 demo: $(STAMP)
 	$(VENV)/bin/jaxrl-train --config configs/textworld_smollm2.py $(ARGS)

@@ -195,14 +195,16 @@ def test_the_curriculum_sweep_tests_both_arms_on_w4_o6_q8(tmp_path):
 
 
 def test_the_real_model_sweep_has_both_arms_on_three_seeds(tmp_path):
-    """configs/sweeps/textworld_smollm2.py: SFT + PPO and PPO alone on SmolLM2, seeds 0-2,
-    each run on the recipe's 100 held-out games."""
+    """configs/sweeps/textworld_smollm2.py: PPO alone (the recipe, RL learning rate 5e-5)
+    and SFT + PPO (RL learning rate 1e-5) on SmolLM2, seeds 0-2, each run on the recipe's
+    100 held-out games."""
     from jaxrl_agents.trainer.setup import EnvLayout
 
     arms = {}
     for run, cfg in _run_configs("configs/sweeps/textworld_smollm2.py", tmp_path):
         assert cfg.model.hf_path == "smollm2-135m-instruct", run.name
         assert len(EnvLayout(cfg).groups["textworld:w2-o3-q4"].eval_ids) == 100, run.name
-        arms.setdefault(run.name.split(",")[0], []).append((cfg.seed, cfg.sft.enabled))
-    assert arms == {"sft_ppo": [(0, True), (1, True), (2, True)],
-                    "ppo_only": [(0, False), (1, False), (2, False)]}
+        arms.setdefault(run.name.split(",")[0], []).append(
+            (cfg.seed, cfg.sft.enabled, cfg.rl.learning_rate))
+    assert arms == {"sft_ppo": [(0, True, 1e-5), (1, True, 1e-5), (2, True, 1e-5)],
+                    "ppo_only": [(0, False, 5e-5), (1, False, 5e-5), (2, False, 5e-5)]}
