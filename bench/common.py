@@ -1,7 +1,30 @@
-"""Small timing helpers shared by the benchmarks."""
+"""Small timing helpers shared by the benchmarks, and the one-device-per-core layout
+(this module imports no JAX, so a script can call `one_host_device_per_core` first)."""
 
+import os
 import statistics
 import time
+
+
+def one_host_device_per_core() -> None:
+    """Asks XLA for one host CPU device per core unless XLA_FLAGS already sets a count.
+    Call it before JAX is imported."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_force_host_platform_device_count" not in flags:
+        os.environ["XLA_FLAGS"] = (flags + " --xla_force_host_platform_device_count="
+                                   f"{os.cpu_count() or 1}").strip()
+
+
+def data_mesh_sampler(model):
+    """A `Sampler` of `model` with the batch split over a `data` mesh of every device (the
+    model's parameters move onto the mesh: pass a copy the caller no longer uses)."""
+    import jax
+
+    from jaxrl_agents import sharding
+    from jaxrl_agents.rollout import Sampler
+
+    mesh = sharding.make_mesh({"data": jax.device_count(), "fsdp": 1, "tensor": 1})
+    return Sampler(sharding.shard_params(model, mesh), mesh=mesh)
 
 
 def _times(fn, repeats, warmup, min_time):

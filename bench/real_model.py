@@ -40,9 +40,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform"
-                               f"_device_count={os.cpu_count() or 1}").strip()
+from bench.common import one_host_device_per_core  # noqa: E402
+
+one_host_device_per_core()
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
@@ -133,17 +133,14 @@ def measure_compile(path: str, episodes: int, rows: int, turns: int, scan: bool)
 def _decode_sampler(path: str, mode: str):
     """A sampler of the checkpoint for one `--decode-layers` entry: "scan" and "unrolled"
     on one device, "mesh" (scanned layers) over a `data` mesh of every device."""
-    from jaxrl_agents import sharding
+    from bench.common import data_mesh_sampler
     from jaxrl_agents.models import hf_io
     from jaxrl_agents.rollout import Sampler
 
     if mode not in ("scan", "unrolled", "mesh"):
         raise SystemExit(f"--decode-layers: unknown layout {mode!r} (scan, unrolled, mesh)")
     model = hf_io.load(path, scan_layers=mode != "unrolled")[0]
-    if mode != "mesh":
-        return Sampler(model)
-    mesh = sharding.make_mesh({"data": jax.device_count(), "fsdp": 1, "tensor": 1})
-    return Sampler(sharding.shard_params(model, mesh), mesh=mesh)
+    return data_mesh_sampler(model) if mode == "mesh" else Sampler(model)
 
 
 def measure_decode(path: str, torch_model, repeats: int, layer_modes: list[str],

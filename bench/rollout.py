@@ -26,17 +26,20 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform"
-                               f"_device_count={os.cpu_count() or 1}").strip()
+from bench.common import (  # noqa: E402
+    best_seconds_interleaved,
+    data_mesh_sampler,
+    one_host_device_per_core,
+    table,
+)
+
+one_host_device_per_core()
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
-from bench.common import best_seconds_interleaved, table  # noqa: E402
-from jaxrl_agents import sharding  # noqa: E402
 from jaxrl_agents.models import hf_io  # noqa: E402
 from jaxrl_agents.rollout import Sampler, SamplingParams  # noqa: E402
 
@@ -83,10 +86,8 @@ def decode_throughput(repeats: int):
     with tempfile.TemporaryDirectory() as tmp:
         torch_model = make_checkpoint(tmp)
         samplers = {1: Sampler(hf_io.load(tmp)[0])}
-        if devices > 1:  # its own copy: shard_params places a model's parameters in place
-            mesh = sharding.make_mesh({"data": devices, "fsdp": 1, "tensor": 1})
-            samplers[devices] = Sampler(sharding.shard_params(hf_io.load(tmp)[0], mesh),
-                                        mesh=mesh)
+        if devices > 1:  # its own copy: the mesh sampler moves a model's parameters
+            samplers[devices] = data_mesh_sampler(hf_io.load(tmp)[0])
         for b in batches:
             contestants = {
                 ("ours", n): lambda p=prompts[b], s=sampler: s.generate(
