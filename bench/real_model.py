@@ -13,6 +13,9 @@ shape of SmolLM2-135M-Instruct (Llama: 30 layers, D=576, 9 query / 3 kv heads, h
    device per core ("mesh": each device decodes its share of the batch; this script asks
    XLA for that many host devices unless a count is set); at batch 1 also against the
    memory-bandwidth bound (weight bytes read per token over a measured copy bandwidth).
+   Then, per batch, the least time any implementation could take here (bench/floor.py: the
+   FLOPs at the best GEMM rate measured in the same run, each step's weight reads at the
+   copy bandwidth) and so the largest ratio to torch's measured time this machine allows.
 3. `--learner`: forward + backward tokens/s of a next-token loss against the torch model.
 4. `--memory`: peak resident memory of a 32-episode rollout that fills a 2048-slot cache,
    against `jaxrl-plan`'s rows for it.
@@ -22,9 +25,13 @@ shape of SmolLM2-135M-Instruct (Llama: 30 layers, D=576, 9 query / 3 kv heads, h
    time with its lowering and compiling counted apart, tokens, tokens/s, the model's
    share), and the process's peak resident memory.
 
+6. `--gemm`: one decoder layer's seven matrix products x @ W^T at 1, 8, 32 and 2048 rows
+   (a decode step's batch, or a learner's tokens), XLA against torch, next to the time
+   their weight reads take at the measured copy bandwidth.
+
 Weights (1-4): random, of the real shape (the numbers do not depend on their values).
 Usage: .venv/bin/python bench/real_model.py [--compile] [--decode] [--learner] [--memory]
-       [--textworld] [--unrolled]
+       [--textworld] [--gemm] [--unrolled]
 """
 
 from __future__ import annotations
@@ -158,7 +165,7 @@ def measure_decode(path: str, torch_model, repeats: int, layer_modes: list[str],
     samplers = {mode: _decode_sampler(path, mode) for mode in layer_modes}
     weight_bytes = 4 * count_params(next(iter(samplers.values())).model)
     rng = np.random.default_rng(0)
-    rows, per_token = [], {}
+    rows, per_token, torch_seconds = [], {}, {}
     for b in batches:
         prompts = rng.integers(1, 49152, size=(b, PROMPT))
 
@@ -177,6 +184,7 @@ def measure_decode(path: str, torch_model, repeats: int, layer_modes: list[str],
         best = best_seconds_interleaved({**contestants, "torch": theirs}, repeats=repeats,
                                         warmup=1)
         tokens = b * NEW
+        torch_seconds[b] = best["torch"]
         for mode in contestants:
             rows.append([b, mode, f"{tokens / best[mode]:.1f}", f"{tokens / best['torch']:.1f}",
                          f"{best['torch'] / best[mode]:.2f}x"])
@@ -186,11 +194,98 @@ def measure_decode(path: str, torch_model, repeats: int, layer_modes: list[str],
           f"torch {torch.__version__} at {torch.get_num_threads()} threads, jax "
           f"{jax.__version__}")
     print(table(rows, ["batch", "layers", "ours tok/s", "torch tok/s", "ratio"]))
-    bound = copy_bandwidth_gbs() * 1e9 / weight_bytes
+    bandwidth = copy_bandwidth_gbs() * 1e9
+    bound = bandwidth / weight_bytes
     for mode, seconds in per_token.items():
         print(f"Batch 1, {mode}, against the bandwidth bound: {1 / seconds:.1f} tok/s of at "
               f"most {bound:.1f} tok/s ({weight_bytes / 1e6:.0f} MB of weights read per "
               f"token): {1 / seconds / bound:.0%} of the bound")
+    print_decode_floor(next(iter(samplers.values())).model, batches, torch_seconds, bandwidth)
+
+
+# One decoder layer's seven weight matrices at SmolLM2's width, [out, in] as the model
+# stores them: q, k, v, o, gate, up, down.
+LAYER_MATRICES = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576),
+                  (576, 1536)]
+
+
+def gemm_seconds(rows: int, repeats: int = 5) -> dict[str, float]:
+    """Seconds for x [rows, in] @ W^T of one layer's seven matrices (`LAYER_MATRICES`,
+    12 layers' worth so the weights come from memory, not cache), per layer: XLA's dot
+    (as `transformer.matmul_wt`) and torch's `linear`, timed in turns."""
+    import torch
+
+    from bench.common import best_seconds_interleaved
+    from jaxrl_agents.models.transformer import matmul_wt
+
+    layers = 12
+    rng = np.random.default_rng(0)
+    weights = [rng.standard_normal(s, dtype=np.float32) for s in LAYER_MATRICES * layers]
+    x = {i: rng.standard_normal((rows, i), dtype=np.float32) for i in (576, 1536)}
+    ours_w, ours_x = [jax.numpy.asarray(w) for w in weights], jax.tree.map(jax.numpy.asarray, x)
+    ours_fn = jax.jit(lambda xs, ws: [matmul_wt(xs[w.shape[1]], w) for w in ws])
+    theirs_w, theirs_x = [torch.from_numpy(w) for w in weights], {
+        k: torch.from_numpy(v) for k, v in x.items()}
+
+    def theirs():
+        with torch.no_grad():
+            return [torch.nn.functional.linear(theirs_x[w.shape[1]], w) for w in theirs_w]
+
+    best = best_seconds_interleaved(
+        {"ours": lambda: jax.block_until_ready(ours_fn(ours_x, ours_w)), "torch": theirs},
+        repeats=repeats, warmup=1)
+    return {k: v / layers for k, v in best.items()}
+
+
+def measure_gemm(rows_list=(1, 8, 32, 2048)) -> float:
+    """Prints one layer's matrix products at each row count (the decode batch, or a
+    learner's tokens) against what memory and arithmetic allow; returns the best FLOP/s
+    either library reached (the peak the decode floor uses)."""
+    from bench.common import copy_bandwidth_gbs, table
+
+    flops_per_row = 2 * sum(o * i for o, i in LAYER_MATRICES)
+    weight_bytes = 4 * sum(o * i for o, i in LAYER_MATRICES)
+    bandwidth = copy_bandwidth_gbs() * 1e9
+    rows_out, peak = [], 0.0
+    for rows in rows_list:
+        best = gemm_seconds(rows)
+        peak = max(peak, rows * flops_per_row / min(best.values()))
+        rows_out.append([rows, f"{best['ours'] * 1e3:.3f}", f"{best['torch'] * 1e3:.3f}",
+                         f"{weight_bytes / bandwidth * 1e3:.3f}",
+                         f"{rows * flops_per_row / best['ours'] / 1e9:.0f}",
+                         f"{rows * flops_per_row / best['torch'] / 1e9:.0f}"])
+    print(f"One layer's seven products x @ W^T (SmolLM2's width, float32; {weight_bytes / 1e6:.1f}"
+          f" MB of weights), best of 5; weight reads alone at {bandwidth / 1e9:.1f} GB/s:")
+    print(table(rows_out, ["rows", "ours ms", "torch ms", "weight reads ms", "ours GFLOP/s",
+                           "torch GFLOP/s"]))
+    print(f"Peak reached: {peak / 1e9:.0f} GFLOP/s")
+    return peak
+
+
+def print_decode_floor(model, batches, torch_seconds: dict, bandwidth: float):
+    """For each batch, the least time any implementation could decode in here
+    (bench/floor.py, at the best GEMM rate measured now and the copy bandwidth) and the
+    largest ratio to torch's measured time that allows."""
+    from bench.floor import decode_floor
+    from jaxrl_agents.models import count_params
+
+    peak = measure_gemm((2048,))
+    cfg = model.config
+    table_size = cfg.vocab_size * cfg.hidden_size  # the embedding table; the output layer too
+    tables = 1 if cfg.tie_embeddings else 2
+    total = count_params(model)
+    for b in batches:
+        # a step reads every weight but the input table's unused rows (when it is not tied)
+        floor = decode_floor(batch=b, prompt=PROMPT, new=NEW,
+                             layer_params=total - tables * table_size, vocab=cfg.vocab_size,
+                             hidden=cfg.hidden_size,
+                             weight_bytes=4 * (total - (tables - 1) * table_size),
+                             peak_flops=peak, bandwidth=bandwidth)
+        bound = "arithmetic" if floor.compute_bound else "weight reads"
+        print(f"Batch {b}: at least {floor.total_s:.2f} s here (prefill {floor.prefill_s:.2f} s, "
+              f"{floor.steps} steps of {floor.step_s * 1e3:.1f} ms, bound by {bound}); torch "
+              f"took {torch_seconds[b]:.2f} s: no implementation can beat it by more than "
+              f"{torch_seconds[b] / floor.total_s:.2f}x here")
 
 
 def measure_memory(path: str, rows: int, context: int, scan: bool):
@@ -396,6 +491,8 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--compile", action="store_true")
     parser.add_argument("--decode", action="store_true")
+    parser.add_argument("--gemm", action="store_true",
+                        help="one layer's matrix products at 1, 8, 32 and 2048 rows")
     parser.add_argument("--memory", action="store_true")
     parser.add_argument("--learner", action="store_true")
     parser.add_argument("--textworld", action="store_true")
@@ -413,8 +510,11 @@ def main():
     parser.add_argument("--batches", default=",".join(map(str, BATCHES)),
                         help="--decode: batch sizes")
     args = parser.parse_args()
+    if args.gemm:
+        measure_gemm()
     if args.textworld:
         measure_textworld(args.episodes)
+    if args.gemm or args.textworld:
         if not (args.compile or args.decode or args.learner or args.memory or args.rl_update):
             return
     with tempfile.TemporaryDirectory() as tmp:
