@@ -237,15 +237,16 @@ def gemm_seconds(rows: int, repeats: int = 5) -> dict[str, float]:
     return {k: v / layers for k, v in best.items()}
 
 
-def measure_gemm(rows_list=(1, 8, 32, 2048)) -> float:
+def measure_gemm(rows_list=(1, 8, 32, 2048), bandwidth: float | None = None) -> float:
     """Prints one layer's matrix products at each row count (the decode batch, or a
     learner's tokens) against what memory and arithmetic allow; returns the best FLOP/s
-    either library reached (the peak the decode floor uses)."""
+    either library reached (the peak the decode floor uses). bandwidth: bytes/s, measured
+    here when the caller has not."""
     from bench.common import copy_bandwidth_gbs, table
 
-    flops_per_row = 2 * sum(o * i for o, i in LAYER_MATRICES)
-    weight_bytes = 4 * sum(o * i for o, i in LAYER_MATRICES)
-    bandwidth = copy_bandwidth_gbs() * 1e9
+    layer_params = sum(o * i for o, i in LAYER_MATRICES)
+    flops_per_row, weight_bytes = 2 * layer_params, 4 * layer_params
+    bandwidth = bandwidth or copy_bandwidth_gbs() * 1e9
     rows_out, peak = [], 0.0
     for rows in rows_list:
         best = gemm_seconds(rows)
@@ -269,7 +270,7 @@ def print_decode_floor(model, batches, torch_seconds: dict, bandwidth: float):
     from bench.floor import decode_floor
     from jaxrl_agents.models import count_params
 
-    peak = measure_gemm((2048,))
+    peak = measure_gemm((2048,), bandwidth)
     cfg = model.config
     table_size = cfg.vocab_size * cfg.hidden_size  # the embedding table; the output layer too
     tables = 1 if cfg.tie_embeddings else 2
