@@ -369,7 +369,10 @@ def measure_learner(path: str, torch_model, repeats: int, scan: bool, rows: int 
         torch_model(input_ids=torch_ids, labels=torch_ids).loss.backward()
 
     torch_model.train()
-    best = best_seconds_interleaved({"ours": ours, "torch": theirs}, repeats=repeats, warmup=1)
+    # settle=1: each side's timed step follows one of its own (see best_seconds_interleaved);
+    # the first settle run also compiles ours.
+    best = best_seconds_interleaved({"ours": ours, "torch": theirs}, repeats=repeats, warmup=0,
+                                    settle=1)
     torch_model.eval()
     tokens = rows * length
     print(f"Learner: forward + backward of the next-token loss, {rows} x {length} tokens, "
