@@ -184,7 +184,8 @@ class CommandTree(NamedTuple):
 def command_scores(model, first_logits_bv, cache, cache_mask, slot, lengths, tree: CommandTree,
                    width: int, full_vocab: bool):
     """Total log-probability of every offered command under the constrained policy
-    (temperature 1): [B, C] float32, -inf where there is no command.
+    (temperature 1): [B, C] float32, -inf where there is no command; and each tree node's
+    token log-prob given its prefix, [B, N] (0 on padding).
 
     All commands of a row are run at once as a tree after the cache's tokens (each node
     sees the cache and its own ancestors; the cache is not written). A token's log-prob is
@@ -212,7 +213,16 @@ def command_scores(model, first_logits_bv, cache, cache_mask, slot, lengths, tre
     logp = jnp.where(real, edge - lse, 0.0)  # (B, N): each node's token given its prefix
     path = jnp.take_along_axis(tree.seen, jnp.maximum(tree.leaves, 0)[..., None], axis=1)
     scores = jnp.einsum("bcn,bn->bc", path.astype(jnp.float32), logp)
-    return jnp.where(tree.leaves >= 0, scores, _NEG_INF)
+    return jnp.where(tree.leaves >= 0, scores, _NEG_INF), logp
+
+
+def command_token_logprobs(tree: CommandTree, node_logp, command, width: int):
+    """The log-probs [B, width] of the tokens of each row's `command` [B] (an index into
+    the leaves) in order, from the tree's node log-probs [B, N]; 0 past its end."""
+    leaf = jnp.take_along_axis(tree.leaves, command[:, None], axis=1)  # (B, 1)
+    path = jnp.take_along_axis(tree.seen, jnp.maximum(leaf, 0)[..., None], axis=1)[:, 0]
+    at = path[:, :, None] & (tree.depths[:, :, None] == jnp.arange(1, width + 1))  # (B, N, W)
+    return jnp.einsum("bn,bnw->bw", node_logp, at.astype(jnp.float32))
 
 
 # ----------------------------------------------------------------------------- state
@@ -224,12 +234,16 @@ class DecodeState(NamedTuple):
     cache: the model's `KVCache`, k [L, B, K, H, S] and v [L, B, K, S, H]. cache_mask: [B, S]
     bool, slots holding real tokens. cache_index: first free slot (host int; all rows share
     it). lengths: [B] int32 numpy, real tokens per row (the RoPE position of the next token).
+    unwritten: per row, tokens already played but not yet in the cache (an action played
+    greedily by command, see `Sampler.extend`), written ahead of the row's next chunk; ()
+    when there are none.
     """
 
     cache: KVCache
     cache_mask: jax.Array
     cache_index: int
     lengths: np.ndarray
+    unwritten: tuple = ()
 
     @property
     def batch(self) -> int:
@@ -285,11 +299,12 @@ class _Loop(NamedTuple):
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "width", "sampling", "choice_width",
-                                             "full_vocab"),
+                                             "full_vocab", "decode"),
                    donate_argnames=("cache", "cache_mask"))
 def _extend(graphdef, params, cache, cache_mask, cache_index, chunk_ids, chunk_mask, lengths,
             key, stop_table, allowed, choice_ids, max_new, tree=None, *, width: int,
-            sampling: SamplingParams, choice_width: int, full_vocab: bool = False):
+            sampling: SamplingParams, choice_width: int, full_vocab: bool = False,
+            decode: bool = True):
     """Prefill a left-padded chunk [B, P] at slots [cache_index, cache_index + P), then
     decode up to `max_new` tokens at the slots after it, all through the model's
     `forward_with_cache`.
@@ -303,7 +318,11 @@ def _extend(graphdef, params, cache, cache_mask, cache_index, chunk_ids, chunk_m
     command), each row plays its command of highest total log-probability
     (`command_scores`), token by token under the same constraint, so its log-probs are
     those a sampled play of it would record. Every sampled token (the stopping one too)
-    is written to the cache, so the next chunk starts right after it.
+    is written to the cache, so the next chunk starts right after it. With a tree and
+    `decode` False (every row with a chunk has commands), nothing is decoded: each row's
+    command is returned with its log-probs from the tree, up to its first stop token and
+    `max_new` tokens, and is not written to the cache (the caller writes it ahead of the
+    row's next chunk); the decode steps taken are then 0.
     Returns (tokens, raw logp, sampling logp [B, width], counts [B], cache, cache_mask,
     lengths [B], decode steps taken).
     """
@@ -318,10 +337,14 @@ def _extend(graphdef, params, cache, cache_mask, cache_index, chunk_ids, chunk_m
     prefilled = lengths + chunk_mask.sum(axis=1, dtype=jnp.int32)  # (B,)
     forced = None
     if tree is not None:
-        scores = command_scores(model, logits, cache, cache_mask, first_slot, prefilled, tree,
-                                choice_width, full_vocab)
+        scores, node_logp = command_scores(model, logits, cache, cache_mask, first_slot,
+                                           prefilled, tree, choice_width, full_vocab)
         best = jnp.argmax(scores, axis=1)  # (B,); a row without commands gets -1s below
         forced = jnp.take_along_axis(choice_ids, best[:, None, None], axis=1)[:, 0]  # (B, W)
+        if not decode:
+            logp = command_token_logprobs(tree, node_logp, best, width)
+            return _played_by_command(forced, logp, chunk_mask.any(axis=1), max_new,
+                                      stop_table, cache, cache_mask, prefilled)
 
     def due(loop: _Loop):
         return (loop.step < max_new) & ~jnp.all(loop.done)
@@ -384,10 +407,37 @@ def _extend(graphdef, params, cache, cache_mask, cache_index, chunk_ids, chunk_m
             loop.cache_mask, loop.lengths, loop.step)
 
 
+def _played_by_command(command_bw, logp_bw, active_b, max_new, stop_table, cache, cache_mask,
+                       lengths):
+    """`_extend`'s outputs for commands played without decoding: each active row's tokens
+    [B, W] (-1 padded) up to its first stop token and `max_new` tokens, as the decode loop
+    would have drawn them; nothing written to the cache, no decode step."""
+    w = command_bw.shape[1]
+    real = (command_bw >= 0) & active_b[:, None] & (jnp.arange(w) < max_new)
+    stops = real & stop_table[jnp.maximum(command_bw, 0)]
+    # a token after the first stop is not played: no stop strictly before it
+    real = real & (jnp.cumsum(stops, axis=1) - stops == 0)
+    tokens = jnp.where(real, command_bw, 0)
+    logp = jnp.where(real, logp_bw, 0.0)
+    return (tokens, logp, jnp.zeros_like(logp), real.sum(axis=1, dtype=jnp.int32), cache,
+            cache_mask, lengths, jnp.int32(0))
+
+
 _KEY_SLOT_AXIS, _VALUE_SLOT_AXIS = KEY_AXES.index("length"), VALUE_AXES.index("length")
 
 
 @jax.jit
+def _take_unwritten(chunks, state: DecodeState):
+    """Each row's unwritten tokens put ahead of its chunk (a row without a chunk keeps
+    them for a later call) -> (chunks, state without them)."""
+    if not any(state.unwritten):
+        return chunks, state
+    chunks = [list(w) + list(c) if len(c) else list(c)
+              for w, c in zip(state.unwritten, chunks, strict=True)]
+    kept = tuple(w if not len(c) else () for w, c in zip(state.unwritten, chunks))
+    return chunks, state._replace(unwritten=kept if any(kept) else ())
+
+
 def _compact(cache: KVCache, cache_mask):
     """Moves each row's real slots to the front, in order; returns (cache, mask, max count)."""
     order = jnp.argsort(~cache_mask, axis=1, stable=True)  # (B, S): real slots first
@@ -537,6 +587,13 @@ class Sampler:
         ids (None or [] for a free row): constrained decoding (see `data.choices`), the raw
         log-probs are then those of the constrained distribution. Returns the new state and
         the sampled tokens.
+
+        Greedy play by command (`SamplingParams.greedy_by_command`, every row with a chunk
+        offered commands) decodes nothing: the tree of commands scored after the chunk
+        already gives each row's command and its token log-probs, so the command is returned
+        at once and written to the cache ahead of the row's next chunk
+        (`DecodeState.unwritten`), which saves its decode steps (a read of every weight
+        each). The cache then holds what decoding would have written, in the same order.
         """
         if len(chunks) != state.batch:
             raise ValueError(f"extend(): {len(chunks)} chunks for a state of {state.batch} rows")
@@ -544,6 +601,7 @@ class Sampler:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new}")
         if key is None:
             key = jax.random.key(0)
+        chunks, state = _take_unwritten(chunks, state)
         # A long chunk is prefilled in pieces of at most `max_prefill` tokens (its head
         # first, without decoding), so a prefill's scratch memory (attention scores
         # [B, N, P, S]) stays bounded whatever the prompt's length.
@@ -567,12 +625,15 @@ class Sampler:
                 ids[row, p - len(chunk):] = chunk
                 mask[row, p - len(chunk):] = True
         width = bucket(max(int(max_new), 1), DECODE_BUCKETS)
-        state = self.ensure_room(state, p + width)
+        by_command = (sampling.greedy and sampling.greedy_by_command and max_new > 0
+                      and bool(choices) and any(choices))
+        # Every row that plays has commands: they are played without decoding.
+        later = by_command and all(choices[row] for row, c in enumerate(chunks) if len(c))
+        state = self.ensure_room(state, p + (0 if later else width))
         graphdef, params = nnx.split(self.model)
         choice_ids = self._choice_array(choices, state.batch, max_new, width)
         tree, full_vocab = None, False
-        by_command = sampling.greedy and sampling.greedy_by_command
-        if choice_ids is not None and max_new > 0 and by_command:
+        if by_command:
             tree, full_vocab = self._command_tree(choices, choice_ids.shape[1], max_new,
                                                   int(choice_width))
         toks, lp_raw, lp_samp, counts, cache, cache_mask, lengths, steps = _extend(
@@ -580,11 +641,16 @@ class Sampler:
             self._place_rows(ids), self._place_rows(mask), self._place_rows(state.lengths),
             key, self._stop_table, self._allowed, choice_ids, jnp.int32(max_new), tree,
             width=width, sampling=sampling, choice_width=int(choice_width),
-            full_vocab=full_vocab)
+            full_vocab=full_vocab, decode=not later)
         toks, lp_raw, lp_samp, counts, lengths, steps = jax.device_get(
             (toks, lp_raw, lp_samp, counts, lengths, steps))
+        unwritten = state.unwritten
+        if later:
+            kept = unwritten or ((),) * state.batch
+            unwritten = tuple(tuple(int(t) for t in toks[row, :counts[row]]) if len(chunk)
+                              else kept[row] for row, chunk in enumerate(chunks))
         new_state = DecodeState(cache, cache_mask, state.cache_index + p + int(steps),
-                                np.asarray(lengths, np.int32))
+                                np.asarray(lengths, np.int32), unwritten)
         return new_state, ChunkOutput(toks[:, :max_new], lp_raw[:, :max_new],
                                       lp_samp[:, :max_new], np.asarray(counts))
 

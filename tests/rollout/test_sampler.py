@@ -513,3 +513,65 @@ def test_greedy_by_command_plays_the_argmax_of_teacher_forced_command_log_probs(
         n = int(out.num_tokens[row])
         assert list(map(int, out.tokens[row, :n])) == commands[row][int(np.argmax(totals))]
         assert float(out.logprobs[row, :n].sum()) == pytest.approx(totals.max(), abs=1e-4)
+
+
+def test_greedy_by_command_over_turns_equals_teacher_forcing_the_whole_episode(checkpoint):
+    """Two turns played greedily by command: the first turn's command is not decoded but
+    written ahead of the second chunk (`DecodeState.unwritten`), so the second turn's
+    choice and every token's log-prob equal those of a full forward pass over prompt,
+    command, observation and each candidate command."""
+    from jaxrl_agents import kernels
+    from jaxrl_agents.data import ACTION, PROMPT, Trajectory, pack
+
+    model, *_ = checkpoint
+    stop = 1
+    rng = np.random.default_rng(3)
+
+    def offered():
+        heads = rng.integers(3, 90, 2)
+        return [[int(heads[i % 2]), *map(int, rng.integers(3, 90, 1 + i % 3)), stop]
+                for i in range(4)]
+
+    prompts = [list(map(int, rng.integers(3, 90, 4 + row))) for row in range(3)]
+    observations = [list(map(int, rng.integers(3, 90, 3))) for _ in range(3)]
+    first, second = [offered() for _ in range(3)], [offered() for _ in range(3)]
+    sampler = Sampler(model, stop_token_ids=[stop])
+    greedy = SamplingParams(0.0)
+    state, out1 = sampler.extend(sampler.new_state(4, 64), prompts + [[]], MAX_NEW, greedy,
+                                 jax.random.key(0), first + [[]])
+    played1 = [list(map(int, out1.tokens[r, :int(out1.num_tokens[r])])) for r in range(3)]
+    assert [list(w) for w in state.unwritten[:3]] == played1 and state.unwritten[3] == ()
+    index = state.cache_index
+    # row 1 sits the second turn out: its command stays unwritten
+    chunks = [observations[0], [], observations[2], []]
+    state, out2 = sampler.extend(state, chunks, MAX_NEW, greedy, jax.random.key(0),
+                                 [second[0], [], second[2], []])
+    assert state.unwritten[1] == tuple(played1[1]) and int(out2.num_tokens[1]) == 0
+    longest = max(len(played1[r]) + len(observations[r]) for r in (0, 2))
+    assert state.cache_index - index == bucket(longest, sampler.prefill_buckets)  # no decode
+    for row in (0, 2):
+        head = prompts[row] + played1[row] + observations[row]
+        kinds = ([PROMPT] * len(prompts[row]) + [ACTION] * len(played1[row])
+                 + [PROMPT] * len(observations[row]))
+        trajs = [Trajectory(tokens=head + cmd, token_type=kinds + [ACTION] * len(cmd),
+                            logprobs=[0.0] * (len(head) + len(cmd)),
+                            rewards=[0.0] * (len(head) + len(cmd)),
+                            turn_ends=[len(prompts[row]) + len(played1[row]) - 1,
+                                       len(head) + len(cmd) - 1],
+                            info={"choices": [first[row], second[row]]}) for cmd in second[row]]
+        batch = pack(trajs, length_buckets=(32,), choice_width=64)
+        logits = np.stack([np.pad(x, ((0, 32 - len(x)), (0, 0)))
+                           for x in teacher_forced_logits(model, [t.tokens for t in trajs])])
+        logp, _ = kernels.next_token_logprobs_and_entropy(logits, batch.input_ids, batch.allowed)
+        logp = np.asarray(logp)
+        tail = np.asarray(batch.action_mask).copy()
+        tail[:, :len(head)] = 0  # the second command's tokens
+        best = int(np.argmax((logp * tail).sum(axis=1)))
+        n = int(out2.num_tokens[row])
+        assert list(map(int, out2.tokens[row, :n])) == second[row][best]
+        want = logp[best, len(head):len(head) + n]
+        np.testing.assert_allclose(out2.logprobs[row, :n], want, atol=1e-4)
+        # the first turn's tokens, recorded before they were in the cache, agree too
+        np.testing.assert_allclose(out1.logprobs[row, :len(played1[row])],
+                                   logp[best, len(prompts[row]):len(prompts[row])
+                                        + len(played1[row])], atol=1e-4)
