@@ -104,6 +104,8 @@ class RunLogger:
     Args:
       run_dir: the run directory (created).
       tensorboard / jsonl / progress_bar: turn each output on or off (cfg.logging.*).
+      phase_bars: show `phase` bars even without the updates' bar (a command that runs
+        phases only, e.g. `jaxrl-eval`'s evaluation).
       total: number of updates, for the progress bar.
       is_main: False on non-zero JAX processes: nothing is written or shown.
       resume_step: when resuming from checkpoint `resume_step`, metrics.jsonl and
@@ -119,6 +121,7 @@ class RunLogger:
         tensorboard: bool = True,
         jsonl: bool = True,
         progress_bar: bool = True,
+        phase_bars: bool = False,
         total: int | None = None,
         is_main: bool = True,
         resume_step: int | None = None,
@@ -130,6 +133,7 @@ class RunLogger:
         self._jsonl = None
         self._tb = None
         self._bar = None
+        self._phase_bars = bool(phase_bars)
         if not is_main:
             return
         os.makedirs(run_dir, exist_ok=True)
@@ -244,15 +248,17 @@ class RunLogger:
     def phase(self, name: str, total: int, unit: str):
         """A second progress bar, under the updates' one, for work before or between
         updates (pretraining, SFT, an evaluation): yields `advance(n=1)`. Without the updates'
-        bar (progress_bar off, or not the main process) `advance` does nothing."""
-        if self._bar is None:
+        bar (progress_bar off, or not the main process) `advance` does nothing, unless
+        `phase_bars` asked for the phase's bar alone (main process only)."""
+        alone = self._bar is None
+        if not self.is_main or (alone and not self._phase_bars):
             yield lambda n=1: None
             return
         from tqdm.auto import tqdm
 
         # A phase moves a few times a minute: every move is drawn (mininterval 0).
-        bar = tqdm(total=total, desc=name, unit=unit, position=1, leave=False,
-                   dynamic_ncols=True, mininterval=0)
+        bar = tqdm(total=total, desc=name, unit=unit, position=0 if alone else 1,
+                   leave=alone, dynamic_ncols=True, mininterval=0)
         try:
             yield bar.update
         finally:

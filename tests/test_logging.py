@@ -88,6 +88,17 @@ def test_a_phase_has_its_own_bar_under_the_updates_one(tmp_path, capsys):
         advance()  # no bar: nothing to move, nothing printed
     assert capsys.readouterr().err == ""
     quiet.close()
+    alone = RunLogger(str(tmp_path), tensorboard=False, jsonl=False, progress_bar=False,
+                      phase_bars=True)  # jaxrl-eval: the phase's bar without the updates'
+    with alone.phase("eval base", 8, "game") as advance:
+        advance(4)
+    assert "eval base" in capsys.readouterr().err and alone._bar is None
+    alone.close()
+    hidden = RunLogger(str(tmp_path), tensorboard=False, jsonl=False, progress_bar=False,
+                       phase_bars=True, is_main=False)
+    with hidden.phase("eval base", 8, "game") as advance:
+        advance(4)
+    assert capsys.readouterr().err == ""
 
 
 def test_save_config_and_write_eval(tmp_path):

@@ -365,6 +365,7 @@ def evaluate_checkpoint(cfg, step: int | None = None, *, temperature: float = 0.
             tensorboard=False,
             jsonl=False,
             progress_bar=False,
+            phase_bars=True,  # the evaluation's own bar: games played so far
             is_main=distributed.is_main_process(),
         )
         stage = "base" if base else ("eval" if step is None else f"eval-step{int(step)}")
