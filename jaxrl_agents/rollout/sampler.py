@@ -426,7 +426,6 @@ def _played_by_command(command_bw, logp_bw, active_b, max_new, stop_table, cache
 _KEY_SLOT_AXIS, _VALUE_SLOT_AXIS = KEY_AXES.index("length"), VALUE_AXES.index("length")
 
 
-@jax.jit
 def _take_unwritten(chunks, state: DecodeState):
     """Each row's unwritten tokens put ahead of its chunk (a row without a chunk keeps
     them for a later call) -> (chunks, state without them)."""
@@ -438,6 +437,7 @@ def _take_unwritten(chunks, state: DecodeState):
     return chunks, state._replace(unwritten=kept if any(kept) else ())
 
 
+@jax.jit
 def _compact(cache: KVCache, cache_mask):
     """Moves each row's real slots to the front, in order; returns (cache, mask, max count)."""
     order = jnp.argsort(~cache_mask, axis=1, stable=True)  # (B, S): real slots first
