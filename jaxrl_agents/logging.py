@@ -194,7 +194,8 @@ class RunLogger:
                 if key == target or key.endswith("/" + target):
                     shown[label] = "nan" if value is None else _short(value)
                     break
-        self._bar.n = row["step"]
+        # update(), not n = step: tqdm then times the updates themselves (its rate and ETA).
+        self._bar.update(row["step"] - self._bar.n)
         self._bar.set_postfix(shown, refresh=True)
 
     def save_config(self, cfg) -> None:
@@ -263,6 +264,10 @@ class RunLogger:
             yield bar.update
         finally:
             bar.close()
+            if not alone:
+                # The phase's time is not the updates': without this, the updates' rate and
+                # ETA count a 13-minute evaluation before the first update as its time.
+                self._bar.unpause()
 
     def write(self, text: str) -> None:
         """Prints a line without breaking the progress bar."""

@@ -74,6 +74,25 @@ def test_progress_bar_postfix(tmp_path):
     log.close()
 
 
+def test_the_updates_rate_and_eta_leave_out_a_phase_before_them(tmp_path, monkeypatch):
+    """An 800 s evaluation, then two updates of 100 s each: the updates' bar reports 200 s
+    and one update per 100 s (it had said 1000 s and 500 s per update)."""
+    clock = {"t": 0.0}
+    monkeypatch.setattr("tqdm.std.time", lambda: clock["t"])
+    log = RunLogger(str(tmp_path), tensorboard=False, jsonl=False, total=5)
+    with log.phase("eval base", 8, "game") as advance:
+        for _ in range(8):
+            clock["t"] += 100.0
+            advance()
+    for step in (1, 2):
+        clock["t"] += 100.0
+        log.log(step, {"charts/success": 0.5})
+    shown = log._bar.format_dict
+    assert shown["elapsed"] == pytest.approx(200.0) and shown["n"] == 2
+    assert shown["rate"] == pytest.approx(1 / 100.0)
+    log.close()
+
+
 def test_a_phase_has_its_own_bar_under_the_updates_one(tmp_path, capsys):
     log = RunLogger(str(tmp_path), tensorboard=False, jsonl=False, total=5)
     with log.phase("SFT", 4, "epoch") as advance:
