@@ -41,8 +41,13 @@ install-gpu:
 	$(PY) -m pip install -q "jax[$(CUDA)]==$(JAX_VERSION)"
 	$(PY) -c 'import jax; print(jax.devices())'
 
+# Two pytest processes: most of a test's time here is single-threaded (XLA compiling,
+# subprocesses starting, games generated), so two share the cores well. A file's tests
+# stay in one process, which builds its module fixtures once. TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
+
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
 
 bench: $(STAMP)
 	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
