@@ -75,8 +75,9 @@ def test_progress_bar_postfix(tmp_path):
 
 
 def test_the_updates_rate_and_eta_leave_out_a_phase_before_them(tmp_path, monkeypatch):
-    """An 800 s evaluation, then two updates of 100 s each: the updates' bar reports 200 s
-    and one update per 100 s (it had said 1000 s and 500 s per update)."""
+    """An 800 s evaluation, then two updates of 100 s each, on a fake clock (tqdm's time
+    patched; no real time is measured): the updates' bar reports 200 s and one update per
+    100 s (it had said 1000 s and 500 s per update)."""
     clock = {"t": 0.0}
     monkeypatch.setattr("tqdm.std.time", lambda: clock["t"])
     log = RunLogger(str(tmp_path), tensorboard=False, jsonl=False, total=5)
