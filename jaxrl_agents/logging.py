@@ -195,7 +195,10 @@ class RunLogger:
                     shown[label] = "nan" if value is None else _short(value)
                     break
         # update(), not n = step: tqdm then times the updates themselves (its rate and ETA).
-        self._bar.update(row["step"] - self._bar.n)
+        # Only forward: tqdm's update(0) (SFT's rows are written at update 0, inside its
+        # phase) restarts the interval a later unpause() skips, so the phase would count.
+        if row["step"] > self._bar.n:
+            self._bar.update(row["step"] - self._bar.n)
         self._bar.set_postfix(shown, refresh=True)
 
     def save_config(self, cfg) -> None:

@@ -75,15 +75,20 @@ def test_progress_bar_postfix(tmp_path):
 
 
 def test_the_updates_rate_and_eta_leave_out_a_phase_before_them(tmp_path, monkeypatch):
-    """An 800 s evaluation, then two updates of 100 s each, on a fake clock (tqdm's time
-    patched; no real time is measured): the updates' bar reports 200 s and one update per
-    100 s (it had said 1000 s and 500 s per update)."""
+    """An 800 s evaluation, a 400 s SFT that logs its rows at update 0, then two updates of
+    100 s each, on a fake clock (tqdm's time patched; no real time is measured): the
+    updates' bar reports 200 s and one update per 100 s."""
     clock = {"t": 0.0}
     monkeypatch.setattr("tqdm.std.time", lambda: clock["t"])
     log = RunLogger(str(tmp_path), tensorboard=False, jsonl=False, total=5)
     with log.phase("eval base", 8, "game") as advance:
         for _ in range(8):
             clock["t"] += 100.0
+            advance()
+    with log.phase("SFT", 4, "step") as advance:
+        for _ in range(4):  # SFT writes its rows at update 0, inside its phase
+            clock["t"] += 100.0
+            log.log(0, {"sft/loss": 1.0})
             advance()
     for step in (1, 2):
         clock["t"] += 100.0
