@@ -25,6 +25,12 @@ The free-text arm decodes any text and sends it to the game (eval.json's
     jaxrl-eval --config configs/textworld_smollm2.py \\
         --config.rollout.constrain_actions=False --config.name=textworld_smollm2_free
 
+Trained, it takes SFT first (the pretrained model's free text is never a command):
+
+    jaxrl-train --config configs/textworld_smollm2.py --config.sft.enabled=True \\
+        --config.rl.learning_rate=1e-5 --config.rollout.constrain_actions=False \\
+        --config.name=textworld_smollm2_free_sft
+
 Training is sized for a 2-core CPU: batches of 8 episodes, PPO with token-level GAE and a
 value head on the policy trunk, a fine-tuning learning rate and a small KL penalty; RL
 trains the top 6 layers (rl.frozen_layers). Layers are scanned (compile time independent of
