@@ -73,10 +73,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.rollout.max_action_tokens = 16  # an action is cut after this many tokens
     c.rollout.max_context = 1024  # an episode whose context would pass this is truncated
     c.rollout.stop_strings = ("\n",)  # an action ends at any of these
-    # Sample actions only among the env's offered commands. It also sets SFT's loss: each
-    # action token's likelihood among the ids the offered commands allow there (measured
-    # apart from play on SmolLM2: docs/results.md, "The free-text arm").
-    c.rollout.constrain_actions = False
+    # Also sets SFT's loss: each action token's likelihood among the ids the offered commands
+    # allow there (measured apart from play on SmolLM2: docs/results.md, "The free-text arm").
+    c.rollout.constrain_actions = False  # sample actions only among the env's offered commands
     # greedy play (evaluation, temperature 0) under constrained decoding: "command" plays the
     # offered command of highest total log-probability, "token" the argmax token at each step
     c.rollout.greedy_by = "command"  # command | token (see above)
