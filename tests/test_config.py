@@ -197,3 +197,17 @@ def test_smollm2_config_loads_and_validates():
     assert not free.rollout.constrain_actions
     base = load_config(BASE)
     assert base.tokenizer.system_prompt == ""  # the driver's default prompt
+
+
+def test_alfworld_smollm2_config_is_the_demo_recipe_on_alfworld():
+    """configs/alfworld_smollm2.py: `make demo`'s recipe (model, prompt, decoding, PPO) with
+    only the environment changed: ALFWorld pick_and_place_simple, sparse rewards, budgets of
+    2x each game's optimal steps."""
+    demo = load_config("configs/textworld_smollm2.py")
+    cfg = load_config("configs/alfworld_smollm2.py")
+    validate(cfg)
+    assert (cfg.env.family, cfg.env.name, cfg.env.reward_density) == (
+        "alfworld", "pick_and_place_simple", "sparse")
+    assert cfg.budget.enabled and cfg.budget.min_factor == cfg.budget.max_factor == 2.0
+    for section in ("model", "tokenizer", "rollout", "algo", "rl", "kl", "sft"):
+        assert getattr(cfg, section).to_dict() == getattr(demo, section).to_dict(), section
