@@ -184,6 +184,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.reward_norm = False  # divide rewards by a running std of returns
     c.rl.reward_clip = 0.0  # clip rewards to [-x, x]; 0 = off
     c.rl.value_warmup_updates = 0  # updates that train only the critic
+    c.rl.exclude_sft_tasks = False  # RL draws only train tasks whose gold run SFT did not use
     c.rl.eval_every = 10  # evaluate on held-out tasks every k updates
 
     # --- reward: where the per-turn reward comes from (jaxrl_agents/rewards.py) ---------------

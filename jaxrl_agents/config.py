@@ -159,6 +159,7 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
     check_task_names(cfg, "env.eval_tasks")
     check_groups(cfg)
     check_estimator_options(cfg)
+    check_rl_tasks(cfg)
     lora = _get(cfg, "model.lora")
     if lora is not _MISSING:
         check_lora(lora)
@@ -253,6 +254,25 @@ def check_estimator_options(cfg: ml_collections.ConfigDict) -> None:
             f"estimator 'gae' only, got algo.estimator={estimator!r} (set "
             "--config.algo.gae_forced_tokens=discount, or use estimator 'gae')"
         )
+
+
+def check_rl_tasks(cfg: ml_collections.ConfigDict) -> None:
+    """rl.exclude_sft_tasks leaves RL the train tasks after SFT's first sft.num_trajectories:
+    it needs SFT on, one task (no curriculum or mixing) and some tasks left over."""
+    if _get(cfg, "rl.exclude_sft_tasks") is not True:
+        return
+    if _get(cfg, "sft.enabled") is not True:
+        raise ConfigError("config key 'rl.exclude_sft_tasks' = True keeps RL off the tasks SFT "
+                          "trained on, but sft.enabled is False")
+    for key in ("curriculum.enabled", "mixing.enabled"):
+        if _get(cfg, key) is True:
+            raise ConfigError(f"config key 'rl.exclude_sft_tasks' = True works on one task only; "
+                              f"got {key}=True")
+    num_train, num_sft = _get(cfg, "env.num_train_tasks"), _get(cfg, "sft.num_trajectories")
+    if num_train is not _MISSING and num_sft is not _MISSING and num_train <= num_sft:
+        raise ConfigError(
+            f"config key 'rl.exclude_sft_tasks' = True leaves RL no task: env.num_train_tasks "
+            f"({num_train}) must exceed sft.num_trajectories ({num_sft})")
 
 
 _MISSING = object()

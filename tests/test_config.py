@@ -164,6 +164,18 @@ def test_gae_forced_tokens_pass_through_needs_token_level_gae(estimator):
         load_config(BASE, ["algo.gae_forced_tokens=skip"])
 
 
+@pytest.mark.parametrize("overrides, needle", [
+    (["sft.enabled=false"], "sft.enabled is False"),
+    (["curriculum.enabled=true"], "curriculum.enabled=True"),
+    (["env.num_train_tasks=50", "sft.num_trajectories=50"], "must exceed sft.num_trajectories"),
+])
+def test_rl_apart_from_sft_tasks_needs_sft_one_task_and_tasks_left(overrides, needle):
+    with pytest.raises(ConfigError, match="rl.exclude_sft_tasks") as err:
+        load_config(BASE, ["rl.exclude_sft_tasks=true", *overrides])
+    assert needle in str(err.value)
+    validate(load_config(BASE, ["rl.exclude_sft_tasks=true", "env.num_train_tasks=80"]))
+
+
 def test_loading_a_config_does_not_import_jax():
     """Config validation reads the estimator table without importing JAX."""
     import subprocess

@@ -109,6 +109,9 @@ class TaskSchedule:
             names = [parse_task(t, cfg.env).key for t in cfg.mixing.tasks]
             self.mixer = TaskMixer(names, cfg.mixing.weights, core_share=cfg.mixing.core_share)
         self.env_task = core_task(cfg.env).key
+        # Train tasks [0, first_rl_task) gave SFT its gold runs; with rl.exclude_sft_tasks
+        # RL plays only the others (config.check_rl_tasks: one task, SFT on).
+        self.first_rl_task = cfg.sft.num_trajectories if cfg.rl.exclude_sft_tasks else 0
         self.epoch_tally: dict[str, list[int]] = {}  # task -> [wins, episodes] this epoch
         self.staging = staging
         self.staging_period = self.updates_per_epoch * cfg.action_space.advance_every_epochs
@@ -124,8 +127,9 @@ class TaskSchedule:
     def plan(self, update: int) -> Plan:
         rng = np.random.default_rng([self.seed, update])
         if self.curriculum is None and self.mixer is None:
-            num_train = self.layout.num_train
-            tasks = rng.choice(num_train, size=min(self.num_slots, num_train), replace=False)
+            num_rl = self.layout.num_train - self.first_rl_task
+            tasks = self.first_rl_task + rng.choice(
+                num_rl, size=min(self.num_slots, num_rl), replace=False)
         else:
             tasks = self._compose(rng)
         env_ids = self.layout.train_ids(tasks)

@@ -136,6 +136,19 @@ def test_plain_runs_draw_exactly_as_before():
         assert schedule.plan(update).max_steps is None
 
 
+def test_rl_can_keep_off_the_tasks_sft_trained_on():
+    """rl.exclude_sft_tasks: RL draws only train tasks past SFT's first sft.num_trajectories,
+    every one of them in time; off, the draw covers the tasks SFT saw too."""
+    common = ("env.num_train_tasks=32", "sft.num_trajectories=20",
+              "rollout.episodes_per_batch=8")
+    apart, layout = toy_schedule(*common, "rl.exclude_sft_tasks=true")
+    drawn = {i for u in range(40) for i in apart.plan(u).env_ids}
+    assert drawn == set(layout.train_ids(range(20, 32)))
+    assert all(len(apart.plan(u).env_ids) == 8 for u in range(5))
+    shared, _ = toy_schedule(*common)
+    assert {i for u in range(40) for i in shared.plan(u).env_ids} == set(range(32))
+
+
 def test_retired_mixture_tasks_are_no_longer_drawn():
     schedule, layout = toy_schedule(*MIX, "budget.enabled=true")
     schedule.budget.retired = ["toy:guess-8"]
