@@ -30,13 +30,16 @@ EVAL_HELP = """Evaluate a run on its held-out tasks (greedy actions, or sampled 
   jaxrl-eval --run runs/NAME --temperature 1 --samples 4   # sampled play, 4 per game
   jaxrl-eval --config configs/textworld_smollm2.py          # no checkpoint yet: zero-shot
   jaxrl-eval --run runs/NAME --read sft --read rl   # how games were lost; plays nothing
+  jaxrl-eval --pair runs/A:sft runs/B:rl   # two runs' stages, game by game; plays nothing
 
 Prints held-out success with a 95% confidence interval and writes it to eval.json ("eval";
 "eval_T<temperature>" for sampled play; "eval-step<N>" with --step N). A run without a
 checkpoint (or with --base) plays its pretrained weights (model.hf_path) instead: "base" /
 "base_T<temperature>". Every evaluation's games are written to
 eval_episodes/<stage>.jsonl; --read sorts them by how they ended (won, lost, loop, out of
-steps, invalid action, env failure).
+steps, invalid action, env failure). --pair compares two recorded stages of any runs
+(RUN_DIR:STAGE or path/to/eval.json:STAGE) on the held-out games both played: each one's
+success with its interval, the difference, the games only one won and McNemar's exact test.
 """
 
 
@@ -123,6 +126,56 @@ def _print_comparison(cfg, args, result: dict) -> int:
     return 0
 
 
+def _load_stage(ref: str) -> dict:
+    """A recorded evaluation: "RUN_DIR:STAGE" or "path/eval.json:STAGE" -> that stage of the
+    eval.json, with its per-game outcomes. Raises ValueError naming the file or stage."""
+    from jaxrl_agents.run_records import EVAL_FILE
+
+    path, sep, stage = ref.rpartition(":")
+    if not sep or not path or not stage:
+        raise ValueError(f"{ref!r} is not RUN_DIR:STAGE (e.g. runs/demo:rl)")
+    if os.path.isdir(path):
+        path = os.path.join(path, EVAL_FILE)
+    try:
+        with open(path) as f:
+            stages = json.load(f)
+    except FileNotFoundError:
+        raise ValueError(f"{ref}: no such file {path}") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{ref}: {path} is not JSON ({err})") from None
+    entry = stages.get(stage) if isinstance(stages, dict) else None
+    if not isinstance(entry, dict):
+        known = sorted(stages) if isinstance(stages, dict) else []
+        raise ValueError(f"{ref}: {path} has no stage {stage!r}; its stages: {known}")
+    if not entry.get("per_game"):
+        raise ValueError(f"{ref}: stage {stage!r} of {path} kept no per-game outcomes")
+    return entry
+
+
+def _print_pair(refs: list[str]) -> int:
+    """jaxrl-eval --pair A B: two recorded stages (of one run or two) on the games both
+    played: each one's success and interval, then B - A with McNemar's exact test
+    (`stats.paired_games`); 2 when a stage is missing or no game is shared."""
+    from jaxrl_agents import stats
+
+    try:
+        entries = [_load_stage(ref) for ref in refs]
+    except ValueError as err:
+        print(f"jaxrl-eval: --pair: {err}", file=sys.stderr)
+        return 2
+    for ref, entry in zip(refs, entries, strict=True):
+        if entry.get("ci_low") is None:  # older records: the interval from the games
+            entry = {**entry, **stats.success_ci(entry["per_game"].values())}
+        print(f"{ref}: {entry['mean']:.3f} (95% CI {entry['ci_low']:.3f}-"
+              f"{entry['ci_high']:.3f}, {len(entry['per_game'])} games)")
+    pair = stats.paired_games(entries[0]["per_game"], entries[1]["per_game"])
+    if pair is None:
+        print(f"jaxrl-eval: --pair: {refs[0]} and {refs[1]} share no game", file=sys.stderr)
+        return 2
+    print(stats.format_paired_games(pair, refs[0], refs[1]))
+    return 0
+
+
 def _print_readings(cfg, stages: list[str]) -> int:
     """jaxrl-eval --read STAGE [--read STAGE2]: each stage's games by how they ended
     (`failures.reading`), and with two stages the games whose ending changed; 2 when an
@@ -169,9 +222,14 @@ def eval_main(argv=None) -> int:
                        help="play nothing: how the games of the run's evaluation STAGE (sft, "
                             "rl, eval, rl-update5, ...) were lost, from eval_episodes/; twice "
                             "to compare two stages game by game")
+        p.add_argument("--pair", metavar="RUN:STAGE", nargs=2, default=None,
+                       help="play nothing: compare two recorded stages (of one run or two, "
+                            "e.g. runs/a:sft runs/b:rl) game by game, with McNemar's test")
 
     try:
         args, cfg = _parse(sys.argv[1:] if argv is None else argv, EVAL_HELP, extra)
+        if args.pair:  # plays nothing: needs no run, no config and no JAX
+            return _print_pair(args.pair)
         if not args.read:  # --read plays nothing (and imports no JAX)
             from jaxrl_agents.trainer.evaluation import check_eval_sampling
 

@@ -153,3 +153,39 @@ def test_run_summary_and_jaxrl_eval_compare_stages_game_by_game(tmp_path, capsys
     assert "this evaluation - sft on the same 4 games: +0.500" in capsys.readouterr().out
     assert _print_comparison(cfg, types.SimpleNamespace(compare="base"), rl) == 2
     assert "no such stage" in capsys.readouterr().err
+
+
+def test_jaxrl_eval_pair_compares_stages_of_two_runs_without_jax(tmp_path):
+    """`jaxrl-eval --pair A:stage B:stage`: two runs' recorded stages on the games both
+    played (each with its interval, then B - A and McNemar's test), in a process that
+    imports no JAX; a missing stage or file is named, exit status 2."""
+    import json
+    import subprocess
+    import sys
+
+    games = {f"tw-eval-{k}": float(k < 6) for k in range(10)}  # A wins games 0-5
+    later = {**games, "tw-eval-6": 1.0, "tw-eval-7": 1.0, "tw-eval-0": 0.0, "only-b": 1.0}
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "eval.json").write_text(json.dumps(
+        {"sft": {"mean": 0.6, "ci_low": 0.31, "ci_high": 0.83, "n": 10, "per_game": games}}))
+    (tmp_path / "b.json").write_text(json.dumps({"rl": {"per_game": later}}))
+
+    def run(*refs):
+        code = ("import sys; from jaxrl_agents.cli import eval_main; "
+                f"rc = eval_main(['--pair', *{list(refs)!r}]); "
+                "print('jax' in sys.modules); sys.exit(rc)")
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              cwd=tmp_path)
+
+    done = run("a:sft", "b.json:rl")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "a:sft: 0.600 (95% CI 0.310-0.830, 10 games)"
+    assert lines[1] == "b.json:rl: 0.727 (95% CI 0.434-0.903, 11 games)"  # Wilson, 8 of 11
+    assert lines[2] == ("b.json:rl - a:sft on the same 10 games: +0.100 (won only b.json:rl: 2, "
+                        "only a:sft: 1; McNemar p = 1)")
+    assert lines[3] == "False"  # no JAX imported
+    missing = run("a:rl", "b.json:rl")
+    assert missing.returncode == 2 and "has no stage 'rl'; its stages: ['sft']" in missing.stderr
+    assert "no such file" in run("nowhere:sft", "a:sft").stderr
+    assert "is not RUN_DIR:STAGE" in run("a", "b.json:rl").stderr
