@@ -186,6 +186,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.value_warmup_updates = 0  # updates that train only the critic
     c.rl.exclude_sft_tasks = False  # RL draws only train tasks whose gold run SFT did not use
     c.rl.eval_every = 10  # evaluate on held-out tasks every k updates
+    c.rl.eval_base = True  # with model.hf_path: play the pretrained weights first ("base")
 
     # --- reward: where the per-turn reward comes from (jaxrl_agents/rewards.py) ---------------
     # The result is then scaled, normalised and clipped by rl.reward_scale / reward_norm /

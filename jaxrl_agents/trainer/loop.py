@@ -194,7 +194,9 @@ class Trainer:
         """The pretrained model's evaluation, then the language-model pretraining and SFT
         when configured (once: a run resumed after them skips them)."""
         cfg = self.cfg
-        if cfg.model.hf_path and not resumed:  # pretrained weights: eval.json base -> sft -> rl
+        # Pretrained weights: eval.json base -> sft -> rl (rl.eval_base=False skips "base",
+        # e.g. for a second arm whose base figure another run has on the same games).
+        if cfg.model.hf_path and cfg.rl.eval_base and not resumed:
             self.supervised_summary["base"] = self.evaluate("base")
         supervised = cfg.sft.enabled or cfg.pretrain.episodes_per_task > 0
         if not supervised or self.progress.sft_done:

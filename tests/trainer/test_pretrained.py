@@ -40,6 +40,18 @@ def test_train_from_a_checkpoint_records_base_then_sft_then_rl(tmp_path):
     assert cli.eval_main(["--run", str(tmp_path / "pre"), "--base", "--step", "0"]) == 2
 
 
+def test_base_evaluation_can_be_skipped(tmp_path):
+    """rl.eval_base=False: a run from pretrained weights goes straight to SFT; eval.json
+    reads sft -> rl."""
+    make_hf_model("llama", vocab=800, hidden=32, layers=1).save_pretrained(tmp_path / "ckpt")
+    overrides = _toy_overrides(tmp_path, "nobase", **{"model.hf_path": tmp_path / "ckpt",
+                                                      "rl.eval_base": False})
+    summary = train(load_config("configs/toy_tiny.py", overrides))
+    evals = json.loads((tmp_path / "nobase" / "eval.json").read_text())
+    assert [k for k in evals if k != "per_update"] == ["sft", "rl"]
+    assert "base" not in summary
+
+
 def test_eval_without_checkpoint_or_pretrained_weights_says_so(tmp_path, capsys):
     assert cli.eval_main(["--config", "configs/toy_tiny.py",
                           *_toy_overrides(tmp_path, "none")]) == 2
