@@ -94,8 +94,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.env.eval_tasks = ()  # tasks ("family:name") only evaluated: held-out games, never trained on
     c.env.reward_density = "sparse"  # sparse | every_k | dense
     c.env.reward_k = 2  # every_k: release intermediate reward every k steps
-    c.env.step_penalty = 0.0  # reward added to every step (negative = cost)
-    c.env.invalid_penalty = 0.0  # reward added for an invalid action
+    c.env.step_penalty = 0.0  # cost (>= 0) subtracted from every step's reward
+    c.env.invalid_penalty = 0.0  # further cost (>= 0) subtracted for an invalid action
     c.env.max_steps = 0  # step budget per episode; 0 = 2x the task's optimal steps
     c.env.obs_format = "template"  # template | compact | compact_goal | raw (envs.base)
 

@@ -140,6 +140,9 @@ BOUNDS = (
       "pretrain.grad_accum"), lambda v: v > 0, "must be positive"),
     (("rl.logits_chunk",), lambda v: v >= 0, "must be >= 0"),
     (("rl.frozen_layers",), lambda v: v >= 0, "must be >= 0 (0: every layer trains)"),
+    # The envs subtract these: a negative one would pay reward for every step or bad action.
+    (("env.step_penalty", "env.invalid_penalty"), lambda v: v >= 0,
+     "is a cost the envs subtract and must be >= 0"),
     (("algo.gamma", "algo.lam", "sft.val_fraction", "action_space.advance_above"),
      lambda v: 0.0 <= v <= 1.0, "must lie in [0, 1]"),
 )

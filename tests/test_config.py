@@ -78,7 +78,10 @@ def test_choices_are_checked():
         load_config(BASE, ["--config.algo.gamma=1.5"])
     for bad, needle in (("rl.logits_chunk=-1", "rl.logits_chunk"),
                         ("action_space.advance_above=2.0", "action_space.advance_above"),
-                        ("action_space.advance_every_epochs=0", "advance_every_epochs")):
+                        ("action_space.advance_every_epochs=0", "advance_every_epochs"),
+                        # a negative cost would pay reward for every step: never unearned
+                        ("env.step_penalty=-0.05", "env.step_penalty.*cost"),
+                        ("env.invalid_penalty=-1", "env.invalid_penalty")):
         with pytest.raises(ConfigError, match=needle):
             load_config(BASE, [bad])
     cfg = base.get_config()
