@@ -9,7 +9,13 @@ and 3 receptacles, gold runs of 4-5 steps, each episode given 2x its game's opti
 ALFWorld rewards only the win (sparse rewards, where the TextWorld demo has dense ones).
 
     jaxrl-eval  --config configs/alfworld_smollm2.py     # zero-shot: eval.json stage "base"
-    jaxrl-train --config configs/alfworld_smollm2.py     # base -> PPO
+    jaxrl-train --config configs/alfworld_smollm2.py --config.sft.enabled=True \
+        --config.rl.learning_rate=1e-5                    # base -> SFT -> PPO
+
+Measured at seed 0 (docs/results.md, "A second task"): zero-shot 0.00 on 100 held-out games,
+so PPO from the pretrained weights alone gets no reward to follow under the sparse reward
+(its first 8 episodes won none); SFT on 50 golden trajectories reaches 0.26, PPO after it
+0.29.
 """
 
 from configs.textworld_smollm2 import get_config as textworld_smollm2
