@@ -258,7 +258,9 @@ def value_loss(values, old_values, returns, mask, *, clip, agg="token-mean"):
         V_clip = old_V + clip(V - old_V, -clip, clip);   clip=None (or 0) turns clipping off.
 
     Args: values, old_values, returns, mask: [B, T].
-    Returns: (loss, metrics: value_clip_frac, value_mean, explained_var).
+    Returns: (loss, metrics: value_clip_frac, value_mean, explained_var, and its parts
+    resid_var and return_var, which an update pools over its steps: a minibatch whose
+    returns are all equal has no variance to explain).
     """
     mask = mask.astype(values.dtype)
     err = jnp.square(values - returns)
@@ -277,9 +279,16 @@ def value_loss(values, old_values, returns, mask, *, clip, agg="token-mean"):
     metrics = {
         "value_clip_frac": clip_frac,
         "value_mean": masked_mean(values, mask),
-        "explained_var": 1.0 - resid_var / jnp.maximum(ret_var, 1e-8),
+        "explained_var": explained_variance(resid_var, ret_var),
+        "resid_var": resid_var,
+        "return_var": ret_var,
     }
     return aggregate(per_token, mask, agg), metrics
+
+
+def explained_variance(resid_var, return_var):
+    """1 - Var(R - V) / Var(R); the variances may be pooled over minibatches first."""
+    return 1.0 - resid_var / jnp.maximum(return_var, 1e-8)
 
 
 def token_entropy(logits):

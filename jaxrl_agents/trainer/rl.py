@@ -722,8 +722,14 @@ def _mean_metrics(metrics: list[dict]) -> dict:
     """The update's metrics: each step's averaged over its steps, except `losses/skipped`
     (summed) and the approximate KL of the policy from the rollout policy. The first step
     measures it before any change (exactly 0), so `losses/approx_kl` is the mean over the
-    later steps, and `losses/approx_kl_end` the last step's: the movement of the update."""
+    later steps, and `losses/approx_kl_end` the last step's: the movement of the update.
+    The critic's explained variance pools the steps' residual and return variances: a
+    mean of per-step ratios would be swamped by a minibatch whose returns are all equal
+    (all games lost: 1 - resid / 1e-8, thousands below zero)."""
     out = {k: jnp.mean(jnp.stack([m[k] for m in metrics])) for k in metrics[0]}
+    if "losses/resid_var" in out:
+        out["losses/explained_var"] = kernels.explained_variance(
+            out.pop("losses/resid_var"), out.pop("losses/return_var"))
     out["losses/skipped"] = jnp.sum(jnp.stack([m["losses/skipped"] for m in metrics]))
     kl = jnp.stack([m["losses/approx_kl"] for m in metrics])
     out["losses/approx_kl"] = jnp.mean(kl[1:]) if len(metrics) > 1 else kl[0]

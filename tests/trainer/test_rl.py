@@ -500,6 +500,30 @@ def test_update_reports_the_kl_of_the_steps_that_can_move():
     assert float(out["losses/approx_kl_end"]) == pytest.approx(0.3)
 
 
+def test_explained_variance_pools_the_steps_so_a_minibatch_of_equal_returns_cannot_swamp_it():
+    """Two minibatches: one with returns 0, 1, 0, 1 and values 0.1, 0.9, 0.2, 0.8; one whose
+    games were all lost (returns all 0, values 0.1). Alone the second reads
+    1 - 0 / 1e-8 = 1 (no residual variance) or, with any spread in its values, far below
+    zero; the update reports 1 - mean residual variance / mean return variance."""
+    from jaxrl_agents import kernels
+    from jaxrl_agents.trainer.rl import _mean_metrics
+
+    mask = jnp.ones((1, 4))
+    batches = [(jnp.array([[0.0, 1, 0, 1]]), jnp.array([[0.1, 0.9, 0.2, 0.8]])),
+               (jnp.zeros((1, 4)), jnp.array([[0.1, 0.0, 0.1, 0.0]]))]
+    steps = []
+    for returns, values in batches:
+        _, m = kernels.value_loss(values, values, returns, mask, clip=None)
+        steps.append({"losses/approx_kl": jnp.float32(0), "losses/skipped": jnp.float32(0),
+                      **{f"losses/{k}": v for k, v in m.items()}})
+    assert float(steps[1]["losses/explained_var"]) < -1e4  # one step alone: swamped
+    resid = [np.var(np.asarray(r - v)) for r, v in batches]
+    want = 1 - np.mean(resid) / np.mean([0.25, 0.0])
+    out = _mean_metrics(steps)
+    assert float(out["losses/explained_var"]) == pytest.approx(want, rel=1e-5)
+    assert -1 < want < 1 and "losses/resid_var" not in out and "losses/return_var" not in out
+
+
 def test_every_row_is_used_every_epoch_when_the_minibatch_does_not_divide_the_batch():
     """8 rows in minibatches of 3: three steps an epoch, the last topped up with rows whose
     action mask is zeroed, so each row enters the losses exactly once an epoch."""
