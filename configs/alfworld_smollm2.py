@@ -18,21 +18,12 @@ so PPO from the pretrained weights alone gets no reward to follow under the spar
 0.29.
 """
 
+from configs.alfworld_tiny import use_alfworld_games
 from configs.textworld_smollm2 import get_config as textworld_smollm2
 
 
 def get_config():
-    c = textworld_smollm2()
+    c = use_alfworld_games(textworld_smollm2())
     c.name = "alfworld_smollm2"
-    c.env.family = "alfworld"
-    c.env.name = "pick_and_place_simple"  # one of the six ALFWorld task types
-    c.env.size = 3  # objects and receptacles per game
     c.env.num_eval_tasks = 100  # held-out games of the same type (eval split)
-    c.env.reward_density = "sparse"  # what ALFWorld gives: 1 on the winning step
-    c.env.max_steps = 0  # the budget below decides
-    c.budget.enabled = True  # each episode gets 2x its game's optimal steps (pinned)
-    c.budget.min_factor = 2.0
-    c.budget.max_factor = 2.0
-    c.budget.on_mastered = "none"
-    c.budget.env_max_steps = 20  # a backstop; pick_and_place_simple's budgets are 8-10
     return c

@@ -14,13 +14,11 @@ trains on one type or on a mix of all six and tests on each (eval.json: "rl:<tas
 from configs.textworld_tiny import get_config as textworld_tiny
 
 
-def get_config():
-    c = textworld_tiny()
-    c.name = "alfworld_tiny"
+def use_alfworld_games(c):
+    """Points config `c` at this recipe's ALFWorld games (also configs/alfworld_smollm2.py)."""
     c.env.family = "alfworld"
     c.env.name = "pick_and_place_simple"  # one of the six ALFWorld task types
     c.env.size = 3  # objects and receptacles per game
-    c.env.num_eval_tasks = 50  # per task type
     c.env.reward_density = "sparse"  # what ALFWorld gives: 1 on the winning step
     c.env.max_steps = 0  # the budget below decides
     c.budget.enabled = True  # each episode gets 2x its game's optimal steps (pinned):
@@ -28,6 +26,13 @@ def get_config():
     c.budget.max_factor = 2.0
     c.budget.on_mastered = "none"
     c.budget.env_max_steps = 20  # 2x the longest gold run; also caps random-play transcripts
+    return c
+
+
+def get_config():
+    c = use_alfworld_games(textworld_tiny())
+    c.name = "alfworld_tiny"
+    c.env.num_eval_tasks = 50  # per task type
     c.sft.eval_games = 300  # every held-out game of up to six task types
     # Measured: gold runs take 340-1040 tokens; random play at 2x budgets reaches 2048.
     c.rollout.max_context = 2048
