@@ -605,5 +605,23 @@ def _stacked_blocks(cfg: ModelConfig, rngs: nnx.Rngs) -> Block:
     return make(rngs)
 
 
+def lower_part(path, n: int) -> slice | None:
+    """The part of the parameter at pytree `path` (in a Transformer, or a module holding one)
+    that `lower_hidden(.., n)` reads: slice(None) for all of it (the token embedding, an
+    unrolled layer below n), slice(0, n) for the first n rows of a stacked layer
+    parameter ([L, ...]), None for none (layers n and up, the final norm, an untied output
+    layer, anything outside a Transformer)."""
+    if not n:
+        return None
+    names = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
+    if "embed_tokens" in names:
+        return slice(None)
+    if "blocks" in names:  # stacked layers: [L, ...]
+        return slice(0, n)
+    if "layers" in names and int(names[names.index("layers") + 1]) < n:
+        return slice(None)
+    return None
+
+
 def count_params(model: nnx.Module) -> int:
     return sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))

@@ -10,7 +10,9 @@
   the value loss trains the head only and never moves the policy (so a value warm-up
   leaves the policy exactly as SFT made it).
 - kind "separate": the critic's trunk is a copy of the policy, initialised from
-  its weights and trained on its own.
+  its weights and trained on its own. With the policy's first n layers frozen in RL
+  (`rl.frozen_layers`), the copy's first n layers and embedding are the policy's
+  (`share_frozen_layers`), so both trunks continue from one computed lower output.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxrl_agents.models.transformer import Transformer
+from jaxrl_agents.models.transformer import Transformer, lower_part
 
 CRITIC_KINDS = ("head", "detached", "separate")
 SHARED_TRUNK_KINDS = ("head", "detached")
@@ -82,12 +84,22 @@ class ActorCritic(nnx.Module):
 
     def hidden_and_values_above(self, lower_btd, n: int, positions=None, attention_mask=None):
         """`hidden_and_values` continued from `policy.lower_hidden(.., n)` [B, T, D]: only
-        layers n and up run. For a trunk shared with the value head only."""
-        if self.kind not in SHARED_TRUNK_KINDS:
-            raise ValueError(f"critic {self.kind!r} has its own trunk: it cannot continue "
-                             "from the policy's lower layers")
+        layers n and up run (of both trunks when the critic has its own, whose first n
+        layers must equal the policy's: `share_frozen_layers`)."""
         hidden = self.policy.upper_hidden(lower_btd, positions, attention_mask, n)
-        return hidden, self.critic.from_hidden(hidden)
+        return hidden, self.values_above(lower_btd, n, positions, attention_mask, hidden)
+
+    def values_above(self, lower_btd, n: int, positions=None, attention_mask=None,
+                     policy_hidden=None):
+        """Values [B, T] continued from `policy.lower_hidden(.., n)` [B, T, D]. A shared
+        trunk reads the policy's hidden states (`policy_hidden` when already computed); a
+        separate critic runs only its own layers n and up."""
+        if self.kind in SHARED_TRUNK_KINDS:
+            if policy_hidden is None:
+                policy_hidden = self.policy.upper_hidden(lower_btd, positions, attention_mask, n)
+            return self.critic.from_hidden(policy_hidden)
+        return self.critic.from_hidden(
+            self.critic.trunk.upper_hidden(lower_btd, positions, attention_mask, n))
 
     def logits_and_values(self, input_ids, positions=None, attention_mask=None):
         """(logits [B, T, V], values [B, T]); one trunk pass when the trunk is shared."""
@@ -103,3 +115,21 @@ def build_actor_critic(policy: Transformer, kind: str, *, rngs: nnx.Rngs | None 
     head = ValueHead(policy.config.hidden_size, rngs=rngs)
     trunk = policy if kind in SHARED_TRUNK_KINDS else nnx.clone(policy)
     return ActorCritic(policy, Critic(trunk, head, detach=kind == "detached"), kind)
+
+
+def share_frozen_layers(actor_critic: ActorCritic, n: int) -> None:
+    """Sets a separate critic's token embedding and first n layers to the policy's, in
+    place: the parts `rl.frozen_layers = n` keeps fixed, so the critic continues from the
+    policy's `lower_hidden(.., n)` as its own whole pass would. (After SFT the two differ:
+    SFT trains the policy only.) A trunk shared with the policy, or n = 0: nothing to do."""
+    if actor_critic.kind in SHARED_TRUNK_KINDS or not n:
+        return
+
+    def take(path, own, policy):
+        part = lower_part(path, n)
+        return own if part is None else own.at[part].set(policy[part])
+
+    trunk = actor_critic.critic.trunk
+    shared = jax.tree_util.tree_map_with_path(
+        take, nnx.state(trunk, nnx.Param), nnx.state(actor_critic.policy, nnx.Param))
+    nnx.update(trunk, shared)

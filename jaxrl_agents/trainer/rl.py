@@ -1,7 +1,7 @@
 """The RL learner: one jitted update over a packed Batch (PPO / RLOO / GRPO / REINFORCE++).
 
 Per collected batch:
-  1. `prepare`: a forward pass of the current and the reference policy gives the old
+  1. `prepare`: forward passes of the critic and of the reference policy give the old
      values and reference log-probs, a chunk of rows at a time (a training micro-batch's
      rows by default); the KL penalty goes into the rewards (kl.where = "reward"); the
      configured estimator gives advantages and returns over the whole batch.
@@ -34,7 +34,8 @@ from jaxrl_agents import compile_cache, estimators, kernels, sharding
 from jaxrl_agents.config import check_estimator_options, check_groups
 from jaxrl_agents.data import Batch, bucket
 from jaxrl_agents.models import lora
-from jaxrl_agents.models.value import SHARED_TRUNK_KINDS
+from jaxrl_agents.models.transformer import lower_part
+from jaxrl_agents.models.value import share_frozen_layers
 from jaxrl_agents.trainer import ewc, optim
 from jaxrl_agents.trainer.fit import key_orders, steps_per_epoch, train_all_epochs
 from jaxrl_agents.trainer.kl_control import KLController
@@ -185,9 +186,15 @@ def _forward(model, batch: Batch, hp: RLHyper, lower_hidden=None):
     else:
         hidden, values = model.hidden_and_values(batch.input_ids, batch.positions, valid)
     logp, ent = _token_logprobs(model.policy, hidden, batch, hp)
+    return logp, ent, *_aligned_values(values, valid)
+
+
+def _aligned_values(values, valid):
+    """The critic's outputs [B, T] -> (values aligned with the tokens they score [B, T]: the
+    value read at token t - 1, the value after the last real token [B])."""
     last = jnp.maximum(valid.sum(axis=1) - 1, 0)
     last_value = jnp.take_along_axis(values, last[:, None], axis=1)[:, 0]
-    return logp, ent, kernels.shift_right(values), last_value
+    return kernels.shift_right(values), last_value
 
 
 def _ref_logprobs(ref_graphdef, ref_params, batch: Batch, hp: RLHyper, lower_hidden=None):
@@ -242,7 +249,10 @@ def _old_values_and_ref_logprobs(graphdef, ref_graphdef, params, ref_params, hp:
     if hp.frozen_layers:
         lower = model.policy.lower_hidden(rows.input_ids, rows.positions, rows.valid,
                                           hp.frozen_layers)
-    _, _, values, last_value = _forward(model, rows, hp, lower)
+        raw = model.values_above(lower, hp.frozen_layers, rows.positions, rows.valid)
+    else:
+        raw = model.values(rows.input_ids, rows.positions, rows.valid)
+    values, last_value = _aligned_values(raw, rows.valid)
     return values, last_value, _ref_logprobs(ref_graphdef, ref_params, rows, hp, lower), lower
 
 
@@ -473,14 +483,8 @@ def zero_frozen(grads, frozen_layers: int):
         return grads
 
     def zero(path, g):
-        names = [optim.key_name(k) for k in path]
-        if "embed_tokens" in names:
-            return jnp.zeros_like(g)
-        if "blocks" in names:  # stacked layers: [L, ...]
-            return g.at[:frozen_layers].set(0)
-        if "layers" in names and int(names[names.index("layers") + 1]) < frozen_layers:
-            return jnp.zeros_like(g)
-        return g
+        part = lower_part(path, frozen_layers)
+        return g if part is None else g.at[part].set(0)
 
     return jax.tree_util.tree_map_with_path(zero, grads)
 
@@ -493,9 +497,6 @@ def check_frozen_layers(actor_critic, frozen_layers: int) -> None:
     if not 0 < frozen_layers < layers:
         raise ValueError(f"rl.frozen_layers={frozen_layers}: must be 0 (off) or below the "
                          f"model's {layers} layers")
-    if actor_critic.kind not in SHARED_TRUNK_KINDS:
-        raise ValueError(f"rl.frozen_layers needs model.critic 'head' or 'detached' (a value "
-                         f"head on the policy's trunk), not {actor_critic.kind!r}")
     if lora.has_adapters(nnx.state(actor_critic)):
         raise ValueError("rl.frozen_layers and model.lora both choose what trains: set one")
 
@@ -604,6 +605,9 @@ class RLLearner:
         return state if self.mesh is None else sharding.shard_params(state, self.mesh)
 
     def _fresh_state(self, actor_critic) -> LearnerState:
+        # A separate critic reads the policy's frozen layers: make its own copy of them
+        # the policy's (SFT trained the policy alone).
+        share_frozen_layers(actor_critic, self.hp.frozen_layers)
         # Copies: a separate critic starts as a clone whose arrays alias the policy's,
         # and donated buffers must be distinct.
         params = jax.tree.map(jnp.copy, nnx.state(actor_critic))
