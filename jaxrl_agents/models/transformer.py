@@ -328,19 +328,30 @@ class KVCache(NamedTuple):
 # Logical axes of the cache buffers (sharding rules and the memory plan).
 KEY_AXES = ("layers", "batch", "kv_heads", "head_dim", "length")
 VALUE_AXES = ("layers", "batch", "kv_heads", "length", "head_dim")
-# Attention over a cache reads the smallest of up to 4 prefixes (S, S/2, S/4, S/8, none
-# under 128 slots) that holds the filled slots.
+# A decode step reads the smallest of up to 4 prefixes of the cache (S, S/2, S/4, S/8,
+# none under 128 slots) that holds the filled slots; a prefill or a tree of commands (many
+# new tokens, whose attention costs far more per slot read) the smallest of the multiples
+# of S/8 (none under 128 slots) that does.
 ATTENTION_PREFIXES, MIN_ATTENTION_PREFIX = 4, 128
+PREFILL_PREFIX_STEPS = 8
 
 
 def prefix_sizes(slots: int) -> list[int]:
-    """The cache prefixes attention may be cut to, smallest first: slots, slots / 2, ...
+    """The cache prefixes a decode step may be cut to, smallest first: slots, slots / 2, ...
     down to `MIN_ATTENTION_PREFIX`, at most `ATTENTION_PREFIXES` of them."""
     sizes = [slots]
     while (len(sizes) < ATTENTION_PREFIXES and sizes[-1] % 2 == 0
            and sizes[-1] // 2 >= MIN_ATTENTION_PREFIX):
         sizes.append(sizes[-1] // 2)
     return sizes[::-1]
+
+
+def prefill_prefix_sizes(slots: int) -> list[int]:
+    """The cache prefixes the attention of several new tokens may be cut to, smallest
+    first: the multiples of slots / `PREFILL_PREFIX_STEPS` (at least `MIN_ATTENTION_PREFIX`
+    slots) below slots, then slots."""
+    step = max(-(-slots // PREFILL_PREFIX_STEPS), MIN_ATTENTION_PREFIX)
+    return list(range(step, slots, step)) + [slots]
 
 
 def cached_attention(q_btnh, k_btkh, v_btkh, keys_bkhs, values_bksh, old_mask_bts,
@@ -353,25 +364,46 @@ def cached_attention(q_btnh, k_btkh, v_btkh, keys_bkhs, values_bksh, old_mask_bt
     True where query t may see cache slot s (slots >= cache_index are never seen);
     new_mask_btt [B, T, T]: True where query t may see new token t' (causal for a prefill,
     a tree's ancestors when scoring commands). With `prefixes`, the cache is read over the
-    smallest of `prefix_sizes(S)` that holds cache_index slots (one compiled branch per
-    size, chosen by `lax.switch`), so a call early in a long cache does not pay for the
-    empty rest. Scores and softmax in float32. Returns [B, T, N, H].
+    smallest of `prefix_sizes(S)` (one new token) or `prefill_prefix_sizes(S)` (several)
+    that holds cache_index slots (one compiled branch per size, chosen by `lax.switch`), so
+    a call early in a long cache does not pay for the empty rest. On CPU several new
+    tokens attend one batch row at a time (`_row_by_row`). Scores and softmax in float32.
+    Returns [B, T, N, H].
     """
-    s = old_mask_bts.shape[2]
+    t, s = q_btnh.shape[1], old_mask_bts.shape[2]
     cache_index = jnp.asarray(cache_index, jnp.int32)
     new_mask = new_mask_btt
     old_mask = old_mask_bts & (jnp.arange(s) < cache_index)
 
+    two_part = _two_part_attention
+    if t > 1 and jax.default_backend() == "cpu":
+        two_part = _row_by_row(_two_part_attention)
+
     def attend_over(n):
-        return lambda old_mask: _two_part_attention(
+        return lambda old_mask: two_part(
             q_btnh, k_btkh, v_btkh, keys_bkhs[..., :n], values_bksh[:, :, :n],
             old_mask[..., :n], new_mask)
 
-    sizes = prefix_sizes(s) if prefixes else [s]
+    sizes = [s] if not prefixes else prefill_prefix_sizes(s) if t > 1 else prefix_sizes(s)
     if len(sizes) == 1:
         return attend_over(s)(old_mask)
     branch = sum((cache_index > n).astype(jnp.int32) for n in sizes[:-1])
     return jax.lax.switch(branch, [attend_over(n) for n in sizes], old_mask)
+
+
+def _row_by_row(attention):
+    """`attention` run on one batch row at a time (`lax.map`), same arguments and result.
+
+    On XLA:CPU a prefill's attention over a long cache is bound by the passes over its
+    float32 scores (mask, max, exp, sum): [B, K, G, T, S] is 600 MB at B = 32, T = 256,
+    S = 2048, while one row's 19 MB stays in the L3 cache between passes. One layer's
+    attention there took 0.50 s row by row against 0.94 s batched (docs/real_model.md,
+    "Prefill attention row by row"). Every argument has the batch axis first.
+    """
+    def one_row(args):
+        return attention(*(x[None] for x in args))[0]
+
+    return lambda *args: jax.lax.map(one_row, args)
 
 
 def _two_part_attention(q_btnh, k_btkh, v_btkh, keys_bkhs, values_bksh, old_mask_bts,

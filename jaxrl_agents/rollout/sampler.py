@@ -42,8 +42,10 @@ from jaxrl_agents.data.choices import command_tree
 from jaxrl_agents.data.packing import bucket
 from jaxrl_agents.models.transformer import KEY_AXES, VALUE_AXES, KVCache, prefix_sizes
 
-# Steps of about 1.5x past 128: little padding, a handful of compiled programs per run.
-PREFILL_BUCKETS = (16, 32, 64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
+# Steps of 64 from 128 to 512, where a turn's observation falls (150-350 tokens for the
+# real-model recipe: every row of a chunk is padded to its bucket), about 1.5x past that:
+# little padding, a handful of compiled programs per run.
+PREFILL_BUCKETS = (16, 32, 64, 128, 192, 256, 320, 384, 448, 512, 768, 1024, 1536, 2048)
 CACHE_BUCKETS = (128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # Commands offered per row (constrained decoding). Coarse: the per-step constraint costs

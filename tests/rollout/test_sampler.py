@@ -332,21 +332,29 @@ def test_constrained_decoding_emits_only_offered_commands(checkpoint, params):
 @pytest.mark.parametrize("queries", [1, 3])
 def test_cached_attention_reads_only_the_filled_prefix_and_matches_numpy(queries):
     """`cached_attention` of `queries` new tokens over a 512-slot cache (prefixes 128 / 256 /
-    512) and themselves, for cache fills in each prefix and at their edges, equals a NumPy
+    512 for one token, 128 / 256 / 384 / 512 for several, read one batch row at a time on
+    CPU) and themselves, for cache fills in each prefix and at their edges, equals a NumPy
     softmax attention over the visible slots (holes included). The new tokens' keys and
     values come from their own arrays: the cache's entries at their slots and past them
     hold large stale values that must not leak in."""
-    from jaxrl_agents.models.transformer import cached_attention, prefix_sizes
+    from jaxrl_agents.models.transformer import (
+        cached_attention,
+        prefill_prefix_sizes,
+        prefix_sizes,
+    )
 
     b, n, k, h, s = 2, 4, 2, 8, 512
     assert prefix_sizes(s) == [128, 256, 512]
+    assert prefill_prefix_sizes(s) == [128, 256, 384, 512]
+    assert prefill_prefix_sizes(3072) == [384, 768, 1152, 1536, 1920, 2304, 2688, 3072]
+    assert prefill_prefix_sizes(128) == [128]
     rng = np.random.default_rng(0)
     q = rng.normal(size=(b, queries, n, h)).astype(np.float32)
     k_new = rng.normal(size=(b, queries, k, h)).astype(np.float32)
     v_new = rng.normal(size=(b, queries, k, h)).astype(np.float32)
     keys = rng.normal(size=(b, k, h, s)).astype(np.float32)  # [B, K, H, S]
     values = rng.normal(size=(b, k, s, h)).astype(np.float32)  # [B, K, S, H]
-    for index in (0, 100, 125, 128, 129, 256, 300, 509):
+    for index in (0, 100, 125, 128, 129, 256, 300, 383, 384, 385, 509):
         filled = rng.random((b, s)) < 0.8
         filled[:, index:index + queries] = True  # this call's own slots
         filled[1, index] = False  # a padded new token in row 1
