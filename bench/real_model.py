@@ -23,7 +23,9 @@ shape of SmolLM2-135M-Instruct (Llama: 30 layers, D=576, 9 query / 3 kv heads, h
    of 32 held-out w2-o3-q4 games as `configs/textworld_smollm2.py` does (constrained):
    sampled at temperature 1, greedy by command and greedy by token, one batch each (wall
    time with its lowering and compiling counted apart, tokens, tokens/s, the model's
-   share), and the process's peak resident memory.
+   share), and the process's peak resident memory. With `--calls`, every sampler call of
+   the sampled batch too: its chunk bucket, cache slots and index before and after, and
+   seconds (where a rollout's time goes as its context grows).
 
 6. `--gemm`: one decoder layer's seven matrix products x @ W^T at 1, 8, 32 and 2048 rows
    (a decode step's batch, or a learner's tokens), XLA against torch, next to the time
@@ -31,7 +33,7 @@ shape of SmolLM2-135M-Instruct (Llama: 30 layers, D=576, 9 query / 3 kv heads, h
 
 Weights (1-4): random, of the real shape (the numbers do not depend on their values).
 Usage: .venv/bin/python bench/real_model.py [--compile] [--decode] [--learner] [--memory]
-       [--textworld] [--gemm] [--unrolled]
+       [--textworld [--calls]] [--gemm] [--unrolled]
 """
 
 from __future__ import annotations
@@ -435,8 +437,52 @@ def measure_rl_update(path: str, rows: int, turns: int, frozen: list[int]):
                   f" of which compiling {m['perf/learner_compile_s']:.1f} s)", flush=True)
 
 
-def measure_textworld(episodes: int = 32):
-    """One batch of `episodes` held-out games per way of playing, real weights."""
+class CallLog:
+    """Times every `Sampler._run` call (one prefill and its decoding) while active and
+    prints one line per call: rows with a chunk, the chunk's real tokens, its bucket, the
+    cache's index and slots before and after, the longest row."""
+
+    def __init__(self):
+        from jaxrl_agents.rollout import sampler
+
+        self.module, self.calls = sampler, []
+
+    def __enter__(self):
+        original = self.original = self.module.Sampler._run
+        calls, module = self.calls, self.module
+
+        def run(sampler, state, chunks, *args, **kwargs):
+            start = time.perf_counter()
+            new_state, out = original(sampler, state, chunks, *args, **kwargs)
+            jax.block_until_ready(new_state.cache_mask)
+            longest = max((len(c) for c in chunks), default=0)
+            calls.append(dict(
+                seconds=time.perf_counter() - start, rows=sum(1 for c in chunks if len(c)),
+                tokens=sum(len(c) for c in chunks),
+                bucket=module.bucket(max(longest, 1), sampler.prefill_buckets),
+                index=(state.cache_index, new_state.cache_index),
+                slots=(state.slots, new_state.slots), longest_row=int(new_state.lengths.max())))
+            return new_state, out
+
+        self.module.Sampler._run = run
+        return self
+
+    def __exit__(self, *exc):
+        self.module.Sampler._run = self.original
+
+    def print(self):
+        print("    call  seconds  rows  tokens  chunk bucket  cache index     slots       "
+              "longest row")
+        for i, c in enumerate(self.calls):
+            print(f"    {i:4d}  {c['seconds']:7.1f}  {c['rows']:4d}  {c['tokens']:6d}  "
+                  f"{c['bucket']:12d}  {c['index'][0]:5d} -> {c['index'][1]:5d}  "
+                  f"{c['slots'][0]:4d} -> {c['slots'][1]:4d}  {c['longest_row']:5d}")
+
+
+def measure_textworld(episodes: int = 32, calls: bool = False):
+    """One batch of `episodes` held-out games per way of playing, real weights (with
+    `calls`, the sampled batch's sampler calls printed one by one)."""
+    import contextlib
     import dataclasses
     import resource
 
@@ -471,9 +517,10 @@ def measure_textworld(episodes: int = 32):
         print(f"textworld: {episodes} held-out {cfg.env.name} games, SmolLM2-135M-Instruct, "
               "constrained actions")
         for name, play in plays.items():
+            log = CallLog() if calls and name.startswith("sampled") else None
             start = time.perf_counter()
-            with CompileCounter() as counter:  # one batch, its compiles counted apart
-                trajs = play()
+            with CompileCounter() as counter, log or contextlib.nullcontext():
+                trajs = play()  # one batch, its compiles counted apart
             wall = time.perf_counter() - start
             compiled = counter.seconds["lowering"] + counter.seconds["compiling"]
             tokens = sum(len(t) for t in trajs)
@@ -485,6 +532,8 @@ def measure_textworld(episodes: int = 32):
                   f"tokens), {tokens / max(wall - compiled, 1e-9):6.1f} tok/s without the "
                   f"compiles, model {stats['rollout/model_s'] / wall:.0%} of wall, "
                   f"{sum(t.num_turns for t in trajs)} turns, won {won}/{len(trajs)}")
+            if log:
+                log.print()
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
         print(f"  peak resident memory of the process: {peak:.2f} GiB")
     finally:
@@ -500,6 +549,8 @@ def main():
     parser.add_argument("--memory", action="store_true")
     parser.add_argument("--learner", action="store_true")
     parser.add_argument("--textworld", action="store_true")
+    parser.add_argument("--calls", action="store_true",
+                        help="--textworld: print the sampled batch's sampler calls")
     parser.add_argument("--rl-update", action="store_true")
     parser.add_argument("--frozen", default="0,24", help="rl.frozen_layers values (--rl-update)")
     parser.add_argument("--context", type=int, default=2048)
@@ -517,7 +568,7 @@ def main():
     if args.gemm:
         measure_gemm()
     if args.textworld:
-        measure_textworld(args.episodes)
+        measure_textworld(args.episodes, args.calls)
     if args.gemm or args.textworld:
         if not (args.compile or args.decode or args.learner or args.memory or args.rl_update):
             return
