@@ -384,7 +384,10 @@ def cached_attention(q_btnh, k_btkh, v_btkh, keys_bkhs, values_bksh, old_mask_bt
             q_btnh, k_btkh, v_btkh, keys_bkhs[..., :n], values_bksh[:, :, :n],
             old_mask[..., :n], new_mask)
 
-    sizes = [s] if not prefixes else prefill_prefix_sizes(s) if t > 1 else prefix_sizes(s)
+    if not prefixes:
+        sizes = [s]
+    else:
+        sizes = prefill_prefix_sizes(s) if t > 1 else prefix_sizes(s)
     if len(sizes) == 1:
         return attend_over(s)(old_mask)
     branch = sum((cache_index > n).astype(jnp.int32) for n in sizes[:-1])
