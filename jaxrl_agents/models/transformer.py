@@ -640,6 +640,11 @@ def _stacked_blocks(cfg: ModelConfig, rngs: nnx.Rngs) -> Block:
     return make(rngs)
 
 
+def key_name(key) -> str:
+    """The name of one step of a pytree path (a dict key, attribute or index)."""
+    return str(getattr(key, "key", getattr(key, "name", key)))
+
+
 def lower_part(path, n: int) -> slice | None:
     """The part of the parameter at pytree `path` (in a Transformer, or a module holding one)
     that `lower_hidden(.., n)` reads: slice(None) for all of it (the token embedding, an
@@ -648,7 +653,7 @@ def lower_part(path, n: int) -> slice | None:
     layer, anything outside a Transformer)."""
     if not n:
         return None
-    names = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
+    names = [key_name(k) for k in path]
     if "embed_tokens" in names:
         return slice(None)
     if "blocks" in names:  # stacked layers: [L, ...]

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jaxrl_agents.models.transformer import key_name
 from jaxrl_agents.trainer.optim8bit import adam_8bit
 
 SCHEDULES = ("constant", "linear", "step_decay")
@@ -63,11 +64,6 @@ def adam(schedule, max_grad_norm: float = 0.0, state: str = "float32"):
     (float32, or int8: optim8bit's block-wise 8-bit moments)."""
     parts = [optax.clip_by_global_norm(max_grad_norm)] if max_grad_norm > 0 else []
     return optax.chain(*parts, _adam(schedule, state))
-
-
-def key_name(key) -> str:
-    """The name of one step of a pytree path (a dict key, attribute or index)."""
-    return str(getattr(key, "key", getattr(key, "name", key)))
 
 
 def actor_critic_labels(params):
