@@ -70,7 +70,7 @@ def get_config():
     c.rollout.max_context = 3072  # ~300 tokens a turn with the goal repeated
     # Steps of 512: the learner's rows and the sampler's cache are padded to these. With
     # (1024, 2048, 3072) an update of 32 episodes spent 306 s in `prepare`, with these
-    # 209 s (docs/real_model.md, "A 32-episode update, timed").
+    # 209 s (docs/real_model.md, "The same update after the sampler's prefill changes").
     c.rollout.length_buckets = (1024, 1536, 2048, 2560, 3072)
     c.rollout.num_env_workers = 2
     c.sft.enabled = False  # the SFT arm: --config.sft.enabled=True --config.rl.learning_rate=1e-5
