@@ -170,9 +170,22 @@ def child_reshard(directory: str) -> dict:
     }
 
 
+def _wait_for_temporary(directory: str, step: int, seconds: float = 30.0) -> None:
+    """Returns once orbax's temporary directory of `step` exists (the async save creates
+    it in the background: a kill before that would catch no half-written step)."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        names = os.listdir(directory) if os.path.isdir(directory) else []
+        if any(n.split(".")[0] == str(step) and "tmp" in n for n in names):
+            return
+        time.sleep(0.005)
+
+
 def child_writer(directory: str) -> None:
     """Saves step after step of sharded arrays whose values encode the step, printing
-    'started N' as soon as each async save is under way; the parent kills us."""
+    'started N' once each async save's temporary directory exists; the parent kills us."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import NamedSharding
@@ -189,6 +202,7 @@ def child_writer(directory: str) -> None:
             "rng": jax.random.PRNGKey(step),
         }
         ckpt.save(step, state, {"step": step})
+        _wait_for_temporary(directory, step)
         print(f"started {step}", flush=True)
 
 

@@ -239,6 +239,19 @@ def map_row_chunks(fn, batch, rows_per_chunk: int):
     return jax.tree.map(merge, jax.lax.map(fn, jax.tree.map(split, batch)))
 
 
+def cut_columns(v, full: int, length: int):
+    """A row-major array's first `length` columns when it has the batch's `full` token
+    columns ([B, T, ...]); anything else ([B], [B, K]) as it is."""
+    return v[:, :length] if v.ndim >= 2 and v.shape[1] == full else v
+
+
+def pad_columns(v, length: int, full: int):
+    """`cut_columns` undone: an array of `length` token columns zero-padded to `full`."""
+    if v.ndim < 2 or v.shape[1] != length or length == full:
+        return v
+    return jnp.pad(v, [(0, 0), (0, full - length)] + [(0, 0)] * (v.ndim - 2))
+
+
 def _old_values_and_ref_logprobs(graphdef, ref_graphdef, params, ref_params, hp: RLHyper,
                                  rows: Batch):
     """Per row: old values [b, T], the value after the last real token [b], the
@@ -256,6 +269,23 @@ def _old_values_and_ref_logprobs(graphdef, ref_graphdef, params, ref_params, hp:
     return values, last_value, _ref_logprobs(ref_graphdef, ref_params, rows, hp, lower), lower
 
 
+def forward_passes(hp: RLHyper, graphdef, ref_graphdef, state: LearnerState, rows: Batch,
+                   max_chunk_rows: int | None = None):
+    """The critic's and the reference policy's passes over `rows` (on device, [B, T]):
+    (old values [B, T], the value after the last real token [B], reference log-probs
+    [B, T], the frozen layers' output [B, T, D] or None), `chunk_rows(B, max_chunk_rows)`
+    rows at a time (None: all B at once), so only one chunk's logits are ever live."""
+    ref_params = state.ref_params
+    if ref_params is None:  # LoRA: the policy's own weights (ref_graphdef: adapters off)
+        ref_params = nnx.state(nnx.merge(graphdef, state.params).policy)
+    forward = functools.partial(
+        _old_values_and_ref_logprobs, graphdef, ref_graphdef, state.params, ref_params, hp
+    )
+    n = rows.input_ids.shape[0]
+    # The whole Batch is split into chunks; the forward passes read its token fields only.
+    return map_row_chunks(forward, rows, chunk_rows(n, max_chunk_rows or n))
+
+
 def prepare(
     hp: RLHyper,
     graphdef,
@@ -266,23 +296,16 @@ def prepare(
     max_chunk_rows: int | None = None,
 ) -> tuple[Prepared, dict]:
     """Old values, reference log-probs, KL-shaped rewards, advantages and returns of
-    `batch` (on device, [B, T]) -> (Prepared, metrics).
+    `batch` (on device, [B, T]) -> (Prepared, metrics): `forward_passes`, then
+    `prepare_from` (the advantages need the whole batch: groups, whitening)."""
+    passes = forward_passes(hp, graphdef, ref_graphdef, state, batch, max_chunk_rows)
+    return prepare_from(hp, batch, kl_coef, *passes)
 
-    The two forward passes run over `chunk_rows(B, max_chunk_rows)` rows at a time (None:
-    all B at once), so only one chunk's logits are ever live; the advantages need the
-    whole batch (groups, whitening) and come after.
-    """
-    ref_params = state.ref_params
-    if ref_params is None:  # LoRA: the policy's own weights (ref_graphdef: adapters off)
-        ref_params = nnx.state(nnx.merge(graphdef, state.params).policy)
-    forward = functools.partial(
-        _old_values_and_ref_logprobs, graphdef, ref_graphdef, state.params, ref_params, hp
-    )
-    rows = batch.input_ids.shape[0]
-    # The whole Batch is split into chunks; the forward passes read its token fields only.
-    values, last_value, ref_logp, lower = map_row_chunks(
-        forward, batch, chunk_rows(rows, max_chunk_rows or rows)
-    )
+
+def prepare_from(hp: RLHyper, batch: Batch, kl_coef, values, last_value, ref_logp,
+                 lower) -> tuple[Prepared, dict]:
+    """`prepare` after its forward passes (`forward_passes`' outputs for the whole batch):
+    KL-shaped rewards, advantages and returns -> (Prepared, metrics)."""
     mask = batch.action_mask
     kl_tok = kernels.kl_per_token(batch.old_logprobs, ref_logp, hp.kl_kind) * mask
     rewards = batch.rewards
@@ -533,7 +556,8 @@ class RLLearner:
     With `length_buckets`, each minibatch is cut to the bucket of its own longest episode
     rather than the whole batch's (right padding: the cut columns are padding, so the
     step is the same; attention's cost is quadratic in T, so a minibatch of short
-    episodes costs far less). One program is compiled per bucket.
+    episodes costs far less), and so is each chunk of `prepare`'s forward passes, whose
+    rows are grouped by length. One program is compiled per bucket.
     """
 
     def __init__(
@@ -575,6 +599,11 @@ class RLLearner:
         self._prepare = jax.jit(
             functools.partial(prepare, hp, self.graphdef, self.ref_graphdef), static_argnums=3
         )
+        # With length buckets, `prepare` in two parts: the forward passes per chunk of rows
+        # cut to its length (one program per bucket), then the rest over the whole batch.
+        self._forward_passes = jax.jit(
+            functools.partial(forward_passes, hp, self.graphdef, self.ref_graphdef))
+        self._prepare_from = jax.jit(functools.partial(prepare_from, hp))
         self._train_step = jax.jit(
             functools.partial(train_step, hp, self.graphdef, tx),
             donate_argnums=(0,),
@@ -648,6 +677,31 @@ class RLLearner:
             return full
         return min(bucket(max(int(lengths[idx].max()), 1), self.length_buckets), full)
 
+    def _prepare_by_length(self, state: LearnerState, batch: Batch, kl_coef, chunk: int,
+                           lengths: np.ndarray) -> tuple[Prepared, dict]:
+        """`prepare` with its forward passes over chunks of `chunk` rows of like length,
+        each cut to the bucket of its longest episode (`lengths`: real tokens per row [B]).
+
+        The whole batch is padded to its longest episode: uncut, one episode past 2,560
+        tokens runs every row at 3,072 (the real-model recipe's buckets). Outputs are padded
+        back to the batch's length (zeros past each chunk's cut: padding, which every
+        later use masks) and put back in row order.
+        """
+        full = batch.input_ids.shape[1]
+        order = np.argsort(-lengths, kind="stable")  # longest first
+        chunk = chunk_rows(len(order), chunk)
+
+        def passes_of(idx):
+            length = self._minibatch_length(lengths, idx, full)
+            rows = jax.tree.map(lambda v: cut_columns(v[idx], full, length), batch)
+            passes = self._forward_passes(state, rows)
+            return jax.tree.map(lambda v: pad_columns(v, length, full), passes)
+
+        parts = [passes_of(order[i:i + chunk]) for i in range(0, len(order), chunk)]
+        inverse = np.argsort(order)
+        passes = jax.tree.map(lambda *vs: jnp.concatenate(vs)[inverse], *parts)
+        return self._prepare_from(batch, kl_coef, *passes)
+
     def _micro_batches(self, rows: TrainBatch, idx: np.ndarray, accum: int, length: int,
                        real: int | None = None) -> TrainBatch:
         """Rows `idx`, cut to `length` columns, as [accum, len(idx) // accum, ...], split
@@ -657,9 +711,7 @@ class RLLearner:
         full = rows.batch.input_ids.shape[1]
 
         def take(v):
-            v = v[idx]
-            if v.ndim >= 2 and v.shape[1] == full:
-                v = v[:, :length]
+            v = cut_columns(v[idx], full, length)
             return v.reshape((accum, b) + v.shape[1:])
 
         micro = jax.tree.map(take, rows)
@@ -687,13 +739,17 @@ class RLLearner:
         mb_size = min(self.minibatch_size, rows)
         accum = self.grad_accum if mb_size % self.grad_accum == 0 else 1
         prepare_rows = self.prepare_rows or mb_size // accum
+        lengths, full = self._row_lengths(batch), batch.input_ids.shape[1]
         start, compiled = time.perf_counter(), compile_cache.compile_seconds()
-        prepared, prep_metrics = self._prepare(state, batch, kl_coef, prepare_rows)
+        if lengths is None:
+            prepared, prep_metrics = self._prepare(state, batch, kl_coef, prepare_rows)
+        else:
+            prepared, prep_metrics = self._prepare_by_length(
+                state, batch, kl_coef, prepare_rows, lengths)
         jax.block_until_ready(prepared)
         prepare_s = time.perf_counter() - start
         train_rows = TrainBatch(batch, prepared)
         policy_coef = jnp.float32(0.0 if self.updates < self.value_warmup_updates else 1.0)
-        lengths, full = self._row_lengths(batch), batch.input_ids.shape[1]
 
         def minibatch(idx, real):  # rows idx[:real], cut to their length bucket
             length = self._minibatch_length(lengths, idx[:real], full)

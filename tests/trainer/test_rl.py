@@ -308,13 +308,54 @@ def test_a_cut_episode_is_bootstrapped_with_the_value_of_its_final_observation(b
     assert float(returns[1, 4]) == pytest.approx(0.3, abs=1e-6)
 
 
+def _padded_far(seed, columns=64):
+    """random_batch(seed) (episodes of 9-24 tokens) right-padded to `columns` tokens."""
+    batch = random_batch(seed)
+    widen = lambda v: np.pad(v, ((0, 0), (0, columns - v.shape[1]))) if v.ndim == 2 else v
+    batch = dataclasses.replace(batch, **{k: widen(v) for k, v in batch.as_dict().items()})
+    assert batch.shape[1] == columns
+    return batch
+
+
+@pytest.mark.parametrize("frozen_layers", [0, 1])
+def test_prepare_by_length_equals_prepare_of_the_whole_batch(frozen_layers):
+    """prepare's forward passes over chunks of rows of like length, each cut to its own
+    bucket, give the whole batch's Prepared (row order kept) and metrics."""
+    ac, arrays = tiny_actor_critic(), on_device(_padded_far(7))
+    hp = RLHyper.defaults(estimator="gae", frozen_layers=frozen_layers)
+    learner = RLLearner(ac, hp, optax.sgd(0.02), minibatch_size=2,
+                        length_buckets=(8, 16, 24, 32))
+    state, kl = learner.init_state(ac), jnp.float32(0.1)
+    whole, whole_metrics = learner._prepare(state, arrays, kl, None)
+    lengths = learner._row_lengths(arrays)
+    assert lengths.max() <= 24 and len(set(lengths.tolist())) > 2
+    cut_to = []
+
+    def recording(state, rows, passes=learner._forward_passes):
+        cut_to.append(rows.input_ids.shape[1])
+        return passes(state, rows)
+
+    learner._forward_passes = recording
+    by_length, metrics = learner._prepare_by_length(state, arrays, kl, 2, lengths)
+    assert len(cut_to) == 4 and max(cut_to) <= 24 and len(set(cut_to)) > 1, cut_to
+    assert cut_to == sorted(cut_to, reverse=True)  # longest rows first
+    valid = np.asarray(arrays.valid, bool)
+    for name in ("advantages", "returns", "old_values", "ref_logprobs", "lower_hidden"):
+        a, b = getattr(by_length, name), getattr(whole, name)
+        if frozen_layers == 0 and name == "lower_hidden":
+            assert a is None and b is None
+            continue
+        np.testing.assert_allclose(np.asarray(a)[valid], np.asarray(b)[valid],
+                                   rtol=1e-5, atol=1e-6, err_msg=name)
+    assert float(jnp.abs(whole.advantages).max()) > 0
+    for k, v in whole_metrics.items():
+        assert float(metrics[k]) == pytest.approx(float(v), rel=1e-5, abs=1e-6), k
+
+
 def test_cutting_minibatches_to_their_own_length_changes_nothing():
     """A batch padded far past its episodes (T=64, episodes of 9-24 tokens): minibatches
     cut to their own bucket give the update of the uncut batch."""
-    ac, batch = tiny_actor_critic(), random_batch(7)
-    widen = lambda v: np.pad(v, ((0, 0), (0, 64 - v.shape[1]))) if v.ndim == 2 else v
-    batch = dataclasses.replace(batch, **{k: widen(v) for k, v in batch.as_dict().items()})
-    assert batch.shape[1] == 64
+    ac, batch = tiny_actor_critic(), _padded_far(7)
     results, cut_lengths = [], []
     for buckets in (None, (8, 16, 24, 32)):
         hp = RLHyper.defaults(estimator="gae", entropy_coef=0.01)
