@@ -3,7 +3,8 @@
 Per collected batch:
   1. `prepare`: forward passes of the critic and of the reference policy give the old
      values and reference log-probs, a chunk of rows at a time (a training micro-batch's
-     rows by default); the KL penalty goes into the rewards (kl.where = "reward"); the
+     rows by default; with length buckets, rows of like length, each chunk cut to its
+     bucket); the KL penalty goes into the rewards (kl.where = "reward"); the
      configured estimator gives advantages and returns over the whole batch.
   2. `ppo_epochs` passes over shuffled minibatches (`trainer/fit.py`, the loop SFT and the
      reward model share); each minibatch is one jitted step (gradient accumulation over
