@@ -170,16 +170,20 @@ def child_reshard(directory: str) -> dict:
     }
 
 
+def _half_written(directory: str) -> set[int]:
+    """The steps whose orbax temporary directory ("<step>.orbax-checkpoint-tmp-...") is in
+    `directory`: saves under way, or cut short by a kill."""
+    names = os.listdir(directory) if os.path.isdir(directory) else []
+    return {int(n.split(".")[0]) for n in names if "tmp" in n}
+
+
 def _wait_for_temporary(directory: str, step: int, seconds: float = 30.0) -> None:
     """Returns once orbax's temporary directory of `step` exists (the async save creates
     it in the background: a kill before that would catch no half-written step)."""
     import time
 
     deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        names = os.listdir(directory) if os.path.isdir(directory) else []
-        if any(n.split(".")[0] == str(step) and "tmp" in n for n in names):
-            return
+    while time.monotonic() < deadline and step not in _half_written(directory):
         time.sleep(0.005)
 
 
@@ -233,7 +237,7 @@ def test_reshard_and_sigkill_during_save(tmp_path):
             proc.kill()
     assert proc.returncode == -signal.SIGKILL
     # The kill caught a step half-written: orbax's temporary directory is left ...
-    half_written = {int(n.split(".")[0]) for n in os.listdir(directory) if "tmp" in n}
+    half_written = _half_written(directory)
     assert half_written, os.listdir(directory)
 
     with Checkpointer(directory) as ckpt:

@@ -387,7 +387,6 @@ def test_cached_attention_reads_only_the_filled_prefix_and_matches_numpy(queries
                                    err_msg=f"index={index}")
 
 
-
 def test_row_by_row_attention_equals_the_batched_form():
     """The CPU's row-by-row prefill attention (`_row_by_row`) gives what the batched form,
     which accelerators run, gives on the same rows, masks with holes included."""
@@ -404,6 +403,7 @@ def test_row_by_row_attention_equals_the_batched_form():
     args = (q, k_new, v_new, keys, values, old_mask, new_mask)
     np.testing.assert_allclose(np.asarray(_row_by_row(_two_part_attention)(*args)),
                                np.asarray(_two_part_attention(*args)), rtol=1e-5, atol=1e-6)
+
 
 def test_prefill_keeps_only_the_last_positions_logits():
     """At a 49,152-token vocabulary, the compiled prefill + decode program of a 256-token
