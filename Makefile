@@ -43,11 +43,12 @@ install-gpu:
 
 # Two pytest processes: most of a test's time here is single-threaded (XLA compiling,
 # subprocesses starting, games generated), so two share the cores well. A file's tests
-# stay in one process, which builds its module fixtures once. TEST_WORKERS=0: one process.
+# stay in one process, which builds its module fixtures once; files go out in collection
+# order, the longest first (tests/conftest.py, LONG_FILES). TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 
 test: $(STAMP)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
 
 bench: $(STAMP)
 	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

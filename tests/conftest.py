@@ -23,3 +23,32 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     # under JAX's default threshold of one second each, and there are thousands.
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+
+# The files whose tests take longest here (measured with --durations on the two-worker
+# suite), slowest first. `make test` hands whole files to its two workers in collection
+# order (--dist loadfile --no-loadscope-reorder): these go out first so the short files fill
+# the end, and neither worker is left running a long file alone at the end. A file not
+# listed keeps its place after them; a listed file that no longer exists is ignored.
+LONG_FILES = (
+    "trainer/test_loop.py",
+    "trainer/test_recipes.py",
+    "trainer/test_pretrained.py",
+    "trainer/test_rl.py",
+    "test_multihost.py",
+    "trainer/test_curriculum.py",
+    "trainer/test_memory.py",
+    "models/test_lora.py",
+    "trainer/test_frozen_layers.py",
+    "sweep/test_launch.py",
+    "rollout/test_sampler.py",
+    "rollout/test_episode.py",
+)
+
+
+def _long_file_rank(item) -> int:
+    path = os.path.relpath(str(item.path), os.path.join(ROOT, "tests")).replace(os.sep, "/")
+    return LONG_FILES.index(path) if path in LONG_FILES else len(LONG_FILES)
+
+
+def pytest_collection_modifyitems(items):
+    items.sort(key=_long_file_rank)  # stable: each file's tests keep their order

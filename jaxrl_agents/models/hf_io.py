@@ -118,6 +118,14 @@ def resolve_path(path_or_repo_id: str) -> str:
             "the path of a downloaded checkpoint directory.") from err
 
 
+def checkpoint_directory(path_or_repo_id: str) -> str:
+    """The Hugging Face directory `load` reads: a GGUF source converted once (cached), a
+    local directory as is, or a hub id downloaded."""
+    if gguf_import.is_gguf_source(path_or_repo_id):
+        return gguf_import.resolve(path_or_repo_id)
+    return resolve_path(path_or_repo_id)
+
+
 def read_config(directory: str, **overrides) -> ModelConfig:
     with open(os.path.join(directory, "config.json")) as f:
         return ModelConfig.from_hf(json.load(f), **overrides)
@@ -172,10 +180,7 @@ def load(path_or_repo_id: str, dtype: str = "float32", mesh=None, **config_overr
     if "param_dtype" in config_overrides:
         config_overrides["param_dtype"] = _dtype_name(config_overrides["param_dtype"],
                                                       "param_dtype")
-    if gguf_import.is_gguf_source(path_or_repo_id):
-        directory = gguf_import.resolve(path_or_repo_id)
-    else:
-        directory = resolve_path(path_or_repo_id)
+    directory = checkpoint_directory(path_or_repo_id)
     overrides = {"dtype": dtype, "param_dtype": dtype, **config_overrides}
     config = read_config(directory, **overrides)
     reader = _Safetensors(directory)

@@ -314,6 +314,7 @@ def update_charts(collection: Collection, rollout_s: float, update_s: float) -> 
         "charts/action_coverage": setup.action_coverage(trajs),
         "charts/invalid_action_share": monitors.invalid_action_share(trajs),
         "charts/tampered_episodes": monitors.tampered_episodes(trajs),
+        "perf/tokens": int(tokens),
         "perf/tokens_per_s": float(tokens) / (rollout_s + update_s),
         "perf/rollout_s": rollout_s,
         "perf/update_s": update_s,

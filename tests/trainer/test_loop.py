@@ -84,6 +84,9 @@ def test_run_writes_its_outputs_and_sft_loss_falls(tmp_path):
         "perf/tokens_per_s",
     ):
         assert key in rl[-1], key
+    last = rl[-1]  # the update's token count, and its rate over the update's wall time
+    assert last["perf/tokens"] > 0 and last["perf/tokens_per_s"] == pytest.approx(
+        last["perf/tokens"] / (last["perf/rollout_s"] + last["perf/update_s"]))
 
 
 def test_pretraining_runs_without_sft(tmp_path):

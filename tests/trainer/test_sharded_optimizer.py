@@ -48,6 +48,18 @@ def test_learner_on_the_mesh_matches_one_device(report, state):
     assert result["same_shardings_after"] and result["train_step_compiles"] == 1
 
 
+def test_separate_critic_over_frozen_layers_on_the_mesh_matches_one_device(report):
+    """rl.frozen_layers with model.critic="separate" (both trunks continue the policy's
+    frozen output) and `prepare` by length, over data x fsdp x tensor."""
+    result = report["frozen_separate"]
+    assert result["error"] is None, result["error"]
+    assert result["step_size"] > 0 and result["frozen_kept"], result
+    assert result["params_diff"] <= 0.05 * result["step_size"], result
+    assert result["share_off"] <= 2e-3, result
+    # placed as it went in; minibatches cut to their length: at most one program a bucket
+    assert result["same_shardings_after"] and result["train_step_compiles"] <= 2
+
+
 @pytest.mark.parametrize("mesh", INT8_MESHES, ids=str)
 def test_int8_moments_are_split_over_data_and_fsdp(report, mesh):
     result = report["int8_bytes"][str(list(mesh))]
@@ -62,7 +74,8 @@ def test_int8_moments_are_split_over_data_and_fsdp(report, mesh):
 # ----------------------------------------------------------------------------- child
 
 
-def _model():
+def _model(critic: str = "head", layers: int = 1):
+    import jax.numpy as jnp
     from flax import nnx
 
     from jaxrl_agents.models import ModelConfig, Transformer, build_actor_critic
@@ -72,12 +85,16 @@ def _model():
         vocab_size=64,
         hidden_size=64,
         intermediate_size=256,
-        num_layers=1,
+        num_layers=layers,
         num_heads=4,
         num_kv_heads=2,
         head_dim=16,
+        scan_layers=layers > 1,
     )
-    return build_actor_critic(Transformer(cfg, rngs=nnx.Rngs(0)), "head", rngs=nnx.Rngs(1))
+    ac = build_actor_critic(Transformer(cfg, rngs=nnx.Rngs(0)), critic, rngs=nnx.Rngs(1))
+    if critic == "separate":  # a zero head sends no gradient into its trunk in a first step
+        ac.critic.head.weight[...] = jnp.full(ac.critic.head.weight.shape, 0.1)
+    return ac
 
 
 def _tx(state):
@@ -89,10 +106,10 @@ def _tx(state):
     return actor_critic_adam(lr, lr, max_grad_norm=1.0, state=state)
 
 
-def _attempt(fn, *args):
-    """fn(*args) -> dict, or {"error": ...} with the exception's text."""
+def _attempt(fn, *args, **kwargs):
+    """fn(*args, **kwargs) -> dict, or {"error": ...} with the exception's text."""
     try:
-        return {"error": None, **fn(*args)}
+        return {"error": None, **fn(*args, **kwargs)}
     except Exception as err:  # reported to the parent, which shows it
         return {"error": f"{type(err).__name__}: {err}"}
 
@@ -127,35 +144,48 @@ def _shard_optimizer_state(ac, state, mesh):
     }
 
 
-def _learner(ac, state, mesh, batch):
+def _learner(ac, state, mesh, batch, frozen_layers: int = 0, length_buckets=None):
     import jax
     import numpy as np
 
+    from jaxrl_agents.models.transformer import lower_part
     from jaxrl_agents.trainer.rl import RLHyper, RLLearner
 
     def flat(params):
         return np.concatenate([np.asarray(x, np.float32).ravel() for x in jax.tree.leaves(params)])
+
+    def frozen(params):  # the parameters `lower_hidden(.., frozen_layers)` reads
+        parts = [np.asarray(x)[lower_part(path, frozen_layers)].ravel()
+                 for path, x in jax.tree_util.tree_flatten_with_path(params)[0]
+                 if lower_part(path, frozen_layers) is not None]
+        return np.concatenate(parts) if parts else np.zeros(0)
 
     def shardings(tree):
         return [x.sharding for x in jax.tree.leaves(tree)]
 
     def two_updates(mesh):
         """Parameters before and after two updates (the second reads quantised moments;
-        prepare runs in two chunks of 4 rows, each split over data x fsdp)."""
-        learner = RLLearner(ac, RLHyper.defaults(), _tx(state), minibatch_size=8, prepare_rows=4,
-                            mesh=mesh)
+        prepare runs in chunks of 4 rows, or of 2 rows of like length with length buckets,
+        each split over data x fsdp)."""
+        hp = RLHyper.defaults(frozen_layers=frozen_layers)
+        learner = RLLearner(ac, hp, _tx(state), minibatch_size=8, mesh=mesh,
+                            prepare_rows=2 if length_buckets else 4,
+                            length_buckets=length_buckets)
         state_ = learner.init_state(ac)
         before, placed = flat(state_.params), shardings(state_)
+        frozen_before = frozen(state_.params)
         for i in range(2):
             state_, _ = learner.update(state_, batch, jax.random.key(i))
         same = all(
             a.is_equivalent_to(b, x.ndim)
             for a, b, x in zip(placed, shardings(state_), jax.tree.leaves(state_))
         )
-        return before, flat(state_.params), same, learner._train_step._cache_size()
+        frozen_kept = bool(np.array_equal(frozen(state_.params), frozen_before))
+        return (before, flat(state_.params), same, learner._train_step._cache_size(),
+                frozen_kept)
 
-    before, ref, _, _ = two_updates(None)
-    _, got, same, compiles = two_updates(mesh)
+    before, ref, _, _, _ = two_updates(None)
+    _, got, same, compiles, frozen_kept = two_updates(mesh)
     step, diff = float(np.abs(ref - before).max()), np.abs(ref - got)
     return {
         "step_size": step,
@@ -163,6 +193,7 @@ def _learner(ac, state, mesh, batch):
         "share_off": float(np.mean(diff > 1e-2 * step)),
         "same_shardings_after": same,
         "train_step_compiles": compiles,
+        "frozen_kept": frozen_kept,
     }
 
 
@@ -207,6 +238,9 @@ def _child():
             "learner": _attempt(_learner, ac, state, mesh, batch),
         }
     out["int8_bytes"] = {str(list(m)): _attempt(_int8_bytes, ac, m) for m in INT8_MESHES}
+    # A separate critic over one frozen layer of two, `prepare` cut by length.
+    out["frozen_separate"] = _attempt(_learner, _model("separate", layers=2), "float32", mesh,
+                                      batch, frozen_layers=1, length_buckets=(16, 32))
     print(json.dumps(out))
 
 
