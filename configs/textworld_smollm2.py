@@ -85,8 +85,8 @@ def get_config():
     # Measured (docs/results.md): from the pretrained weights 5e-5 lifts held-out success
     # (0.03 -> 0.54, 0.02 -> 0.41, 0.00 -> 0.42 at seeds 0-2); after SFT it loses held-out games
     # at 8 episodes an update (-0.08 and -0.14 at seeds 1 and 2), and so does 2e-5 (-0.13 at
-    # seed 1), where 1e-5 barely moves the policy (PPO - SFT +0.02 / -0.02 / 0.00 at seeds
-    # 0-2): the SFT arm takes 1e-5.
+    # seed 1; -0.03 with sparse rewards), where 1e-5 barely moves the policy (PPO - SFT
+    # +0.02 / -0.02 / 0.00 at seeds 0-2): the SFT arm takes 1e-5.
     c.rl.learning_rate = 5e-5
     # Only the top 6 of the 30 layers (and the value head) train in RL: the output of the
     # 24 below is computed once per update, which makes an update of 8 episodes 3.4x
