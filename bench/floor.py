@@ -102,12 +102,10 @@ def layer_params_of(cfg) -> int:
 
 def _update_record(run_dir: str, step: int | None) -> dict:
     """The metrics row of update `step` (the first with timings when None)."""
-    import json
-    import os
+    from jaxrl_agents.run_records import read_metrics
 
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    rows = [r for r in rows if "perf/rollout_s" in r and (step is None or r["step"] == step)]
+    rows = [r for r in read_metrics(run_dir)
+            if "perf/rollout_s" in r and (step is None or r["step"] == step)]
     if not rows:
         raise SystemExit(f"{run_dir}/metrics.jsonl: no update with perf/* timings"
                          + ("" if step is None else f" at step {step}"))
@@ -144,18 +142,15 @@ def main(argv=None) -> None:
         layers=model.num_layers, attention_width=model.num_heads * model.head_dim,
         frozen_layers=cfg["rl"]["frozen_layers"], ppo_epochs=cfg["rl"]["ppo_epochs"],
         recompute=cfg["model"]["remat"] != "none", peak_flops=args.peak_gflops * 1e9)
-    measured = {"rollout": row["perf/rollout_s"], "prepare": row["perf/prepare_s"],
-                "gradient steps": row["perf/train_steps_s"]}
-    floors = {"rollout": floor.rollout_s, "prepare": floor.prepare_s,
-              "gradient steps": floor.train_s}
+    parts = [("rollout", row["perf/rollout_s"], floor.rollout_s),
+             ("prepare", row["perf/prepare_s"], floor.prepare_s),
+             ("gradient steps", row["perf/train_steps_s"], floor.train_s)]
+    parts.append(("update", sum(measured for _, measured, _ in parts), floor.total_s))
     print(f"{args.run_dir}, update {row['step']}: {episodes} episodes, {tokens} tokens "
           f"(mean context >= {mean_context:.0f}), floor at {args.peak_gflops:.0f} GFLOP/s")
     print(f"{'part':16s} {'measured s':>10s} {'floor s':>8s} {'ratio':>6s}")
-    for part in measured:
-        print(f"{part:16s} {measured[part]:10.1f} {floors[part]:8.1f} "
-              f"{measured[part] / floors[part]:6.2f}")
-    total = sum(measured.values())
-    print(f"{'update':16s} {total:10.1f} {floor.total_s:8.1f} {total / floor.total_s:6.2f}")
+    for part, measured, least in parts:
+        print(f"{part:16s} {measured:10.1f} {least:8.1f} {measured / least:6.2f}")
 
 
 if __name__ == "__main__":

@@ -155,10 +155,10 @@ def _learner(ac, state, mesh, batch, frozen_layers: int = 0, length_buckets=None
         return np.concatenate([np.asarray(x, np.float32).ravel() for x in jax.tree.leaves(params)])
 
     def frozen(params):  # the parameters `lower_hidden(.., frozen_layers)` reads
-        parts = [np.asarray(x)[lower_part(path, frozen_layers)].ravel()
-                 for path, x in jax.tree_util.tree_flatten_with_path(params)[0]
-                 if lower_part(path, frozen_layers) is not None]
-        return np.concatenate(parts) if parts else np.zeros(0)
+        parts = [(np.asarray(x), lower_part(path, frozen_layers))
+                 for path, x in jax.tree_util.tree_flatten_with_path(params)[0]]
+        kept = [x[part].ravel() for x, part in parts if part is not None]
+        return np.concatenate(kept) if kept else np.zeros(0)
 
     def shardings(tree):
         return [x.sharding for x in jax.tree.leaves(tree)]
