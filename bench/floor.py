@@ -74,19 +74,21 @@ def forward_flops(*, tokens: int, mean_context: float, layer_params: int, layers
 
 def update_floor(*, tokens: int, mean_context: float, layer_params: int, layers: int,
                  attention_width: int, frozen_layers: int, ppo_epochs: int,
-                 recompute: bool, peak_flops: float) -> UpdateFloor:
+                 recompute: bool, peak_flops: float,
+                 frozen_reused: bool = False) -> UpdateFloor:
     """The least time of one PPO update over `tokens` tokens (`forward_flops`' arguments).
 
-    The rollout runs the whole model once. `prepare` runs the frozen layers once and the
-    trained layers twice (the critic's values and the reference's log-probs; without frozen
-    layers the whole model twice). Each PPO epoch runs the trained layers forward (and again
+    The rollout runs the whole model once. `prepare` runs the frozen layers once (not at
+    all when the rollout's output of them is `frozen_reused`) and the trained layers twice
+    (the critic's values and the reference's log-probs; without frozen layers the whole
+    model twice). Each PPO epoch runs the trained layers forward (and again
     in the backward pass with `recompute`, i.e. remat) and backward (twice a forward's
     FLOPs: the gradients of the inputs and of the weights).
     """
     whole = forward_flops(tokens=tokens, mean_context=mean_context, layer_params=layer_params,
                           layers=layers, attention_width=attention_width)
     trained = (layers - frozen_layers) / layers
-    prepare = frozen_layers / layers + 2 * trained
+    prepare = (0 if frozen_reused else frozen_layers / layers) + 2 * trained
     train = ppo_epochs * trained * (3 + (1 if recompute else 0))
     return UpdateFloor(rollout_s=whole / peak_flops, prepare_s=prepare * whole / peak_flops,
                        train_s=train * whole / peak_flops)
@@ -141,7 +143,8 @@ def main(argv=None) -> None:
         tokens=tokens, mean_context=mean_context, layer_params=layer_params_of(model),
         layers=model.num_layers, attention_width=model.num_heads * model.head_dim,
         frozen_layers=cfg["rl"]["frozen_layers"], ppo_epochs=cfg["rl"]["ppo_epochs"],
-        recompute=cfg["model"]["remat"] != "none", peak_flops=args.peak_gflops * 1e9)
+        recompute=cfg["model"]["remat"] != "none", peak_flops=args.peak_gflops * 1e9,
+        frozen_reused=bool(row.get("perf/frozen_output_reused", 0)))
     parts = [("rollout", row["perf/rollout_s"], floor.rollout_s),
              ("prepare", row["perf/prepare_s"], floor.prepare_s),
              ("gradient steps", row["perf/train_steps_s"], floor.train_s)]

@@ -41,6 +41,10 @@ def test_update_floor_counts_each_part_of_a_ppo_update_by_hand():
     plain = update_floor(**shape, frozen_layers=0, ppo_epochs=1, recompute=False,
                          peak_flops=1e9)
     assert (plain.prepare_s, plain.train_s) == (pytest.approx(4.4), pytest.approx(6.6))
+    # the rollout's output of the frozen layers reused: `prepare` runs the rest twice only
+    reused = update_floor(**shape, frozen_layers=4, ppo_epochs=2, recompute=True,
+                          peak_flops=1e9, frozen_reused=True)
+    assert reused.prepare_s == pytest.approx(2.2 * 2 * 0.6)
 
 
 def test_layer_params_of_smollm2_135m():

@@ -43,6 +43,8 @@ def pack(
         each action token was restricted to by constrained decoding (`data.choices`).
       loss_width: the width A of `loss_index` (each row's action-token positions); default:
         the bucket of these trajectories' largest count (`loss_index_width`).
+
+    The batch carries `lower_hidden` when every trajectory has it.
     """
     if not trajectories:
         raise ValueError("pack() needs at least one trajectory")
@@ -83,10 +85,21 @@ def pack(
     if loss_width is None:
         loss_width = loss_index_width(trajectories, length)
     out["loss_index"] = loss_index(out["action_mask"], loss_width)
+    if all(t.lower_hidden is not None for t in trajectories):
+        out["lower_hidden"] = lower_hidden_array(trajectories, rows, length)
     # Padding rows get distinct negative group ids so they never join a real group.
     pad_rows = np.arange(len(trajectories), rows)
     out["group_ids"][pad_rows] = -1 - pad_rows
     return Batch(**out)
+
+
+def lower_hidden_array(trajectories: Sequence[Trajectory], rows: int, length: int):
+    """[rows, length, D] float32: each trajectory's `lower_hidden` in its row, 0 elsewhere."""
+    width = trajectories[0].lower_hidden.shape[1]
+    out = np.zeros((rows, length, width), np.float32)
+    for i, traj in enumerate(trajectories):
+        out[i, :len(traj)] = traj.lower_hidden
+    return out
 
 
 # Widths of `Batch.loss_index`: the action tokens of the row that has the most.

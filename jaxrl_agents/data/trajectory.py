@@ -27,6 +27,9 @@ class Trajectory:
     won / truncated / failed: the episode was solved / cut (step budget or context) /
         ended by an environment failure.
     task_id: name of the task instance; group_id: samples of one task instance share it.
+    lower_hidden: optional [L, D] float32, the residual stream after the learner's frozen
+        layers at every token, as the rollout computed it (`EpisodeDriver.run(capture=n)`),
+        so the learner need not run those layers again; None: the learner computes it.
     """
 
     tokens: np.ndarray
@@ -40,6 +43,7 @@ class Trajectory:
     task_id: str = ""
     group_id: int = 0
     info: dict = dataclasses.field(default_factory=dict)
+    lower_hidden: np.ndarray | None = None
 
     def __post_init__(self):
         self.tokens = np.asarray(self.tokens, np.int32)
@@ -52,6 +56,10 @@ class Trajectory:
                 raise ValueError(
                     f"Trajectory.{name} has {len(getattr(self, name))} entries, tokens has {n}"
                 )
+        if self.lower_hidden is not None and (np.ndim(self.lower_hidden) != 2
+                                              or len(self.lower_hidden) != n):
+            raise ValueError(f"Trajectory.lower_hidden has shape {np.shape(self.lower_hidden)}"
+                             f", expected ({n}, D) for {n} tokens")
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -87,6 +95,9 @@ class Batch:
     loss_index: optional [B, A] int32, each row's action-token positions in order (0
         pads; A is a bucket of the longest row's count): the learner makes output-layer
         logits at these positions only. None: at every position.
+    lower_hidden: optional [B, T, D] float32, the frozen layers' output at every token from
+        the rollout (`Trajectory.lower_hidden`; 0 on padding), when every row has it. None:
+        the learner computes it.
     """
 
     input_ids: np.ndarray
@@ -101,6 +112,7 @@ class Batch:
     row_valid: np.ndarray
     allowed: np.ndarray | None = None
     loss_index: np.ndarray | None = None
+    lower_hidden: np.ndarray | None = None
 
     @property
     def shape(self) -> tuple[int, int]:

@@ -522,7 +522,7 @@ class Transformer(nnx.Module):
 
     def forward_with_cache(self, input_ids, positions, cache: KVCache, cache_index,
                            cache_mask, *, prefixes: bool = True, last_only: bool = True,
-                           new_mask=None, write: bool = True):
+                           new_mask=None, write: bool = True, capture: int = 0):
         """Prefill (T > 1) or decode (T = 1) against a KV cache.
 
         input_ids [B, T] int32, positions [B, T] (RoPE positions of the new tokens),
@@ -538,6 +538,9 @@ class Transformer(nnx.Module):
         need no room in it). Returns (float32 logits, cache): logits [B, V] of the last
         position when `last_only` (rows are left-padded, so it is every row's newest
         token), else [B, T, V]; with `last_only=None`, the final hidden states [B, T, D].
+        With `capture` n > 0 it returns (logits, cache, the new tokens' residual stream after
+        the first n layers [B, T, D]): what `lower_hidden(.., n)` gives them in their
+        context, so a learner with n frozen layers need not run them again.
         """
         b, t = input_ids.shape
         cache_mask = cache_mask.astype(bool)
@@ -556,23 +559,37 @@ class Transformer(nnx.Module):
 
         # The cache is only read inside the layer loop and written once after it: a
         # buffer written and read in the same loop would be copied whole at every layer.
+        # The residual stream after the first `capture` layers (a placeholder without).
+        kept = x if capture else jnp.zeros((0,), x.dtype)
         if self.config.scan_layers:
             graphdef, state = nnx.split(self.blocks)
-            x, (k_new, v_new) = jax.lax.scan(
-                lambda x, xs: one_layer(x, graphdef, *xs), x, (state, cache.k, cache.v))
+
+            def scanned(carry, xs):
+                x, kept = carry
+                layer, *weights_and_cache = xs
+                x, kv = one_layer(x, graphdef, *weights_and_cache)
+                if capture:  # a select of [B, T, D] a layer: little beside the layer
+                    kept = jnp.where(layer == capture - 1, x, kept)
+                return (x, kept), kv
+
+            layers = jnp.arange(self.config.num_layers)
+            (x, kept), (k_new, v_new) = jax.lax.scan(
+                scanned, (x, kept), (layers, state, cache.k, cache.v))
         else:
             new = []
             for layer, block in enumerate(self.layers):
                 x, kv = one_layer(x, *nnx.split(block), cache.k[layer], cache.v[layer])
                 new.append(kv)
+                if layer == capture - 1:
+                    kept = x
             k_new, v_new = (jnp.stack(parts) for parts in zip(*new))
         if write:
             cache = cache.write(cache_index, k_new, v_new)
         if last_only is None:
-            return self.final_norm(x), cache
-        if last_only:
-            x = x[:, -1]
-        return self.logits(self.final_norm(x)), cache
+            out = self.final_norm(x)
+        else:
+            out = self.logits(self.final_norm(x[:, -1] if last_only else x))
+        return (out, cache, kept) if capture else (out, cache)
 
     # -- internals
 

@@ -61,6 +61,10 @@ class EpisodeRecord:
     admissible: list = dataclasses.field(default_factory=list)  # commands offered per state
     choices: list = dataclasses.field(default_factory=list)  # constrained decoding: token ids
     invalid: list = dataclasses.field(default_factory=list)  # env's info["invalid"] per action
+    # With `EpisodeDriver.run(capture=n)`: the ids fed to the model, in the order fed, and
+    # their residual stream after its first n layers (arrays of [F] and [F, D] per call).
+    fed: list = dataclasses.field(default_factory=list)
+    fed_hidden: list = dataclasses.field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -106,7 +110,19 @@ class EpisodeRecord:
             info["choices"] = [[list(ids) for ids in turn] for turn in self.choices]
         return Trajectory(tokens=self.tokens, token_type=self.token_type,
                           logprobs=self.logprobs, rewards=self.rewards,
-                          turn_ends=list(self.turn_ends), info=info, **fields)
+                          turn_ends=list(self.turn_ends), info=info,
+                          lower_hidden=self.captured_hidden(), **fields)
+
+    def captured_hidden(self):
+        """[L, D] the captured hidden states of every token, when the ids fed are exactly
+        the record's tokens (a record that ends with tokens never fed, such as a final
+        observation or a command played but not yet written, has none); else None."""
+        if not self.fed_hidden:
+            return None
+        fed = np.concatenate(self.fed)
+        if len(fed) != len(self.tokens) or not np.array_equal(fed, self.tokens):
+            return None
+        return np.concatenate(self.fed_hidden)
 
 
 def render_gold_trajectory(renderer: Renderer, observations: Sequence[str],
@@ -270,6 +286,7 @@ class EpisodeDriver:
         self.last_stats: dict[str, float] = {}
         self._groups_used = 0
         self._calls = 0
+        self._capture = 0  # `run(capture=n)`: the layers whose output the run keeps
 
     @classmethod
     def from_config(cls, model, tokenizer, pool, config, **overrides) -> EpisodeDriver:
@@ -291,7 +308,7 @@ class EpisodeDriver:
     def run(self, env_ids: Sequence[int], key=None, seeds: Sequence[int] | None = None, *,
             greedy: bool = False, forced_actions: Sequence[Sequence[str]] | str | None = None,
             max_steps: Sequence[int | None] | None = None,
-            temperature: float | None = None) -> list[Trajectory]:
+            temperature: float | None = None, capture: int = 0) -> list[Trajectory]:
         """Plays one episode in each env of `env_ids` (reset with `seeds`), in lock-step.
 
         key: `jax.random.key` for sampling (default key 0). greedy: argmax actions.
@@ -304,6 +321,9 @@ class EpisodeDriver:
         truncated ("forced_actions_exhausted").
         max_steps: a step budget per env id (None entries: the driver's `max_steps`); an
         episode that reaches its budget ends truncated ("step_budget").
+        capture: n > 0 keeps, with each trajectory whose every token was fed to the model,
+        their residual stream after its first n layers (`Trajectory.lower_hidden`: the
+        output of a learner's n frozen layers, which it then need not run again).
         Returns one Trajectory per env id, in order; `last_stats` gets the run's metrics.
         """
         env_ids = [int(i) for i in env_ids]
@@ -315,6 +335,7 @@ class EpisodeDriver:
         compile_cache.release_if_near_limit()
         timer = _Timer()
         self._calls = 0  # sampling keys are fold_in(key, call number): reproducible runs
+        self._capture = int(capture)
         episodes = self._reset(env_ids, seeds, timer)
         self._check_groups(episodes)
         if max_steps is not None:
@@ -509,13 +530,16 @@ class EpisodeDriver:
         room = max(self._action_room(ep.record.choices[-1] if choices is not None else None)
                    for ep in acting)
         lane.state, out = self.sampler.extend(lane.state, chunks, room, sampling, call_key,
-                                              choices, self.choice_width)
+                                              choices, self.choice_width, self._capture)
         for ep in acting:
             row = rows[id(ep)]
             n = int(out.num_tokens[row])
             ids = out.tokens[row, :n]
             ep.record.add_action(ids, self.renderer.action_text(ids), out.logprobs[row, :n],
                                  out.sampling_logprobs[row, :n])
+            if out.fed is not None:
+                ep.record.fed.append(out.fed[row])
+                ep.record.fed_hidden.append(out.fed_hidden[row])
 
     def _finish(self, inflight, timer: _Timer) -> None:
         """Waits for the pool's results and applies them to the episodes just stepped."""

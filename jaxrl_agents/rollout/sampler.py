@@ -257,13 +257,18 @@ class DecodeState(NamedTuple):
 
 
 class ChunkOutput(NamedTuple):
-    """What one `_extend` call samples: tokens, raw and sampling log-probs [B, M], and the
-    number of tokens each row produced [B] (tokens past it are padding)."""
+    """What one `extend` call samples: tokens, raw and sampling log-probs [B, M], and the
+    number of tokens each row produced [B] (tokens past it are padding). With `extend`'s
+    `capture` n > 0, per row the ids the call fed to the model, in order ([F] int32: the
+    row's chunk, then the tokens it decoded), and their residual stream after the first n
+    layers ([F, D] float32); else None."""
 
     tokens: np.ndarray
     logprobs: np.ndarray
     sampling_logprobs: np.ndarray
     num_tokens: np.ndarray
+    fed: list | None = None
+    fed_hidden: list | None = None
 
 
 @dataclasses.dataclass
@@ -285,7 +290,9 @@ class _Loop(NamedTuple):
     token is drawn from, the cache and its mask [B, S], `lengths` [B] (real tokens per
     row: the RoPE position of the next one), `done` [B], the PRNG `key`, the outputs so far
     (`tokens`, `logprobs`, `sampling_logprobs` [B, width]) and, under constrained decoding,
-    `alive` [B, C]: the commands that agree with the tokens drawn so far."""
+    `alive` [B, C]: the commands that agree with the tokens drawn so far. `hidden`
+    [B, width, D]: with `capture`, each decoded token's residual stream after the first
+    `capture` layers (else [B, 0])."""
 
     step: jax.Array
     logits: jax.Array
@@ -298,15 +305,16 @@ class _Loop(NamedTuple):
     logprobs: jax.Array
     sampling_logprobs: jax.Array
     alive: jax.Array
+    hidden: jax.Array
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "width", "sampling", "choice_width",
-                                             "full_vocab", "decode"),
+                                             "full_vocab", "decode", "capture"),
                    donate_argnames=("cache", "cache_mask"))
 def _extend(graphdef, params, cache, cache_mask, cache_index, chunk_ids, chunk_mask, lengths,
             key, stop_table, allowed, choice_ids, max_new, tree=None, *, width: int,
             sampling: SamplingParams, choice_width: int, full_vocab: bool = False,
-            decode: bool = True):
+            decode: bool = True, capture: int = 0):
     """Prefill a left-padded chunk [B, P] at slots [cache_index, cache_index + P), then
     decode up to `max_new` tokens at the slots after it, all through the model's
     `forward_with_cache`.
@@ -326,15 +334,26 @@ def _extend(graphdef, params, cache, cache_mask, cache_index, chunk_ids, chunk_m
     `max_new` tokens, and is not written to the cache (the caller writes it ahead of the
     row's next chunk); the decode steps taken are then 0.
     Returns (tokens, raw logp, sampling logp [B, width], counts [B], cache, cache_mask,
-    lengths [B], decode steps taken).
+    lengths [B], decode steps taken, hidden states): with `capture` n > 0, the residual
+    stream after the first n layers of the chunk's tokens [B, P, D] and of the decoded ones
+    [B, width, D] (`Transformer.forward_with_cache`); else two empty arrays.
     """
     model = nnx.merge(graphdef, params)
     b, p = chunk_ids.shape
     chunk_mask = chunk_mask.astype(bool)
     positions = jnp.maximum(lengths[:, None] + jnp.cumsum(chunk_mask, axis=1) - 1, 0)  # (B, P)
     cache_mask = jax.lax.dynamic_update_slice(cache_mask, chunk_mask, (0, cache_index))
-    logits, cache = model.forward_with_cache(chunk_ids, positions, cache, cache_index,
-                                             cache_mask)
+
+    def forward(ids, *args, **kwargs):
+        """The cached forward -> (logits, cache, the captured hidden states [B, T, D]
+        float32, or [B, 0] without `capture`)."""
+        if not capture:
+            return (*model.forward_with_cache(ids, *args, **kwargs),
+                    jnp.zeros((ids.shape[0], 0), jnp.float32))
+        logits, cache, kept = model.forward_with_cache(ids, *args, capture=capture, **kwargs)
+        return logits, cache, kept.astype(jnp.float32)
+
+    logits, cache, chunk_hidden = forward(chunk_ids, positions, cache, cache_index, cache_mask)
     first_slot = cache_index + p  # where the first decoded token goes
     prefilled = lengths + chunk_mask.sum(axis=1, dtype=jnp.int32)  # (B,)
     forced = None
@@ -345,8 +364,9 @@ def _extend(graphdef, params, cache, cache_mask, cache_index, chunk_ids, chunk_m
         forced = jnp.take_along_axis(choice_ids, best[:, None, None], axis=1)[:, 0]  # (B, W)
         if not decode:
             logp = command_token_logprobs(tree, node_logp, best, width)
-            return _played_by_command(forced, logp, chunk_mask.any(axis=1), max_new,
-                                      stop_table, cache, cache_mask, prefilled)
+            return (*_played_by_command(forced, logp, chunk_mask.any(axis=1), max_new,
+                                        stop_table, cache, cache_mask, prefilled),
+                    chunk_hidden, jnp.zeros((b, 0), jnp.float32))
 
     def due(loop: _Loop):
         return (loop.step < max_new) & ~jnp.all(loop.done)
@@ -367,8 +387,9 @@ def _extend(graphdef, params, cache, cache_mask, cache_index, chunk_ids, chunk_m
         tok = jnp.where(live, tok, 0)
         i, slot = loop.step, first_slot + loop.step
         cache_mask = jax.lax.dynamic_update_slice(loop.cache_mask, live[:, None], (0, slot))
-        logits, cache = model.forward_with_cache(tok[:, None], loop.lengths[:, None],
-                                                 loop.cache, slot, cache_mask, prefixes=False)
+        logits, cache, fed = forward(tok[:, None], loop.lengths[:, None], loop.cache, slot,
+                                     cache_mask, prefixes=False)
+        hidden = loop.hidden.at[:, i].set(fed[:, 0]) if capture else loop.hidden
         return _Loop(
             step=i + 1, logits=logits, cache=cache, cache_mask=cache_mask,
             lengths=loop.lengths + live.astype(jnp.int32),
@@ -376,7 +397,7 @@ def _extend(graphdef, params, cache, cache_mask, cache_index, chunk_ids, chunk_m
             tokens=loop.tokens.at[:, i].set(tok),
             logprobs=loop.logprobs.at[:, i].set(jnp.where(live, raw, 0.0)),
             sampling_logprobs=loop.sampling_logprobs.at[:, i].set(jnp.where(live, samp, 0.0)),
-            alive=alive)
+            alive=alive, hidden=hidden)
 
     def in_phase(loop: _Loop, n):
         """The next decode step is due and its slot is below n."""
@@ -396,7 +417,9 @@ def _extend(graphdef, params, cache, cache_mask, cache_index, chunk_ids, chunk_m
         lengths=prefilled, done=~chunk_mask.any(axis=1),
         key=key, tokens=jnp.zeros((b, width), jnp.int32), logprobs=zeros,
         sampling_logprobs=zeros,
-        alive=jnp.zeros((b, 0), bool) if choice_ids is None else choice_ids[:, :, 0] >= 0)
+        alive=jnp.zeros((b, 0), bool) if choice_ids is None else choice_ids[:, :, 0] >= 0,
+        hidden=jnp.zeros((b, width, chunk_hidden.shape[-1]) if capture else (b, 0),
+                         jnp.float32))
     # Decode in phases over growing cache prefixes (`prefix_sizes`): a step reads only the
     # prefix it writes into, and a prefix is cut and written back once per phase rather than
     # at every step. A phase that holds no step is skipped.
@@ -406,7 +429,7 @@ def _extend(graphdef, params, cache, cache_mask, cache_index, chunk_ids, chunk_m
     loop = jax.lax.while_loop(due, step, loop)
     counts = loop.lengths - prefilled
     return (loop.tokens, loop.logprobs, loop.sampling_logprobs, counts, loop.cache,
-            loop.cache_mask, loop.lengths, loop.step)
+            loop.cache_mask, loop.lengths, loop.step, chunk_hidden, loop.hidden)
 
 
 def _played_by_command(command_bw, logp_bw, active_b, max_new, stop_table, cache, cache_mask,
@@ -423,6 +446,25 @@ def _played_by_command(command_bw, logp_bw, active_b, max_new, stop_table, cache
     logp = jnp.where(real, logp_bw, 0.0)
     return (tokens, logp, jnp.zeros_like(logp), real.sum(axis=1, dtype=jnp.int32), cache,
             cache_mask, lengths, jnp.int32(0))
+
+
+def _fed_rows(chunks, tokens_bw, counts_b, chunk_hidden_bpd, decoded_hidden_bwd, *,
+              decoded: bool):
+    """Per row, the ids one `_extend` call fed to the model in order, [F] int32, and their
+    captured hidden states [F, D]: the row's chunk (the real end of the left-padded
+    [B, P, D]), then, when the call decoded, every token it drew (each is fed to draw the
+    next, the stopping one too)."""
+    fed, hidden = [], []
+    for row, chunk in enumerate(chunks):
+        n = len(chunk)
+        ids, states = [np.asarray(chunk, np.int32)], [chunk_hidden_bpd[row, -n:] if n else
+                                                      chunk_hidden_bpd[row, :0]]
+        if decoded and n:
+            ids.append(np.asarray(tokens_bw[row, :counts_b[row]], np.int32))
+            states.append(decoded_hidden_bwd[row, :counts_b[row]])
+        fed.append(np.concatenate(ids))
+        hidden.append(np.concatenate(states))
+    return fed, hidden
 
 
 _KEY_SLOT_AXIS, _VALUE_SLOT_AXIS = KEY_AXES.index("length"), VALUE_AXES.index("length")
@@ -581,14 +623,17 @@ class Sampler:
 
     def extend(self, state: DecodeState, chunks: Sequence[Sequence[int]], max_new: int,
                sampling: SamplingParams, key, choices=None,
-               choice_width: int = DEFAULT_CHOICE_WIDTH) -> tuple[DecodeState, ChunkOutput]:
+               choice_width: int = DEFAULT_CHOICE_WIDTH,
+               capture: int = 0) -> tuple[DecodeState, ChunkOutput]:
         """Appends `chunks[b]` to row b and samples up to `max_new` tokens after it.
 
         chunks: one token list per row of the state (an empty list: the row sits this call
         out and samples nothing). choices: optional, per row a list of commands as token
         ids (None or [] for a free row): constrained decoding (see `data.choices`), the raw
         log-probs are then those of the constrained distribution. Returns the new state and
-        the sampled tokens.
+        the sampled tokens. capture: n > 0 also returns, per row, the ids fed to the model
+        and their residual stream after its first n layers (`ChunkOutput`): the output of a
+        learner's n frozen layers over these tokens, which it then need not compute again.
 
         Greedy play by command (`SamplingParams.greedy_by_command`, every row with a chunk
         offered commands) decodes nothing: the tree of commands scored after the chunk
@@ -601,6 +646,9 @@ class Sampler:
             raise ValueError(f"extend(): {len(chunks)} chunks for a state of {state.batch} rows")
         if max_new < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new}")
+        if not 0 <= capture < self.config.num_layers:
+            raise ValueError(f"capture={capture}: must be 0 (off) or below the model's "
+                             f"{self.config.num_layers} layers")
         if key is None:
             key = jax.random.key(0)
         chunks, state = _take_unwritten(chunks, state)
@@ -609,13 +657,23 @@ class Sampler:
         # [B, N, P, S]) stays bounded whatever the prompt's length.
         m = self.max_prefill
         heads = [list(c[:-m]) if len(c) > m else [] for c in chunks]
+        pieces = []
         for start in range(0, max(len(h) for h in heads), m):
-            state, _ = self._run(state, [h[start:start + m] for h in heads], 0, sampling, key)
-        return self._run(state, [list(c[-m:]) for c in chunks], max_new, sampling, key,
-                         choices, choice_width)
+            state, out = self._run(state, [h[start:start + m] for h in heads], 0, sampling, key,
+                                   capture=capture)
+            pieces.append(out)
+        state, out = self._run(state, [list(c[-m:]) for c in chunks], max_new, sampling, key,
+                               choices, choice_width, capture)
+        if capture and pieces:  # the heads' tokens were fed first
+            pieces.append(out)
+            out = out._replace(
+                fed=[np.concatenate(rows) for rows in zip(*(p.fed for p in pieces))],
+                fed_hidden=[np.concatenate(rows) for rows in zip(*(p.fed_hidden
+                                                                   for p in pieces))])
+        return state, out
 
     def _run(self, state: DecodeState, chunks, max_new: int, sampling: SamplingParams, key,
-             choices=None, choice_width: int = DEFAULT_CHOICE_WIDTH):
+             choices=None, choice_width: int = DEFAULT_CHOICE_WIDTH, capture: int = 0):
         """One `_extend` call: prefill `chunks` (at most `max_prefill` tokens each), then
         decode up to `max_new` tokens (0: prefill only)."""
         longest = max((len(c) for c in chunks), default=0)
@@ -638,14 +696,19 @@ class Sampler:
         if by_command:
             tree, full_vocab = self._command_tree(choices, choice_ids.shape[1], max_new,
                                                   int(choice_width))
-        toks, lp_raw, lp_samp, counts, cache, cache_mask, lengths, steps = _extend(
+        (toks, lp_raw, lp_samp, counts, cache, cache_mask, lengths, steps, chunk_hidden,
+         decoded_hidden) = _extend(
             graphdef, params, state.cache, state.cache_mask, jnp.int32(state.cache_index),
             self._place_rows(ids), self._place_rows(mask), self._place_rows(state.lengths),
             key, self._stop_table, self._allowed, choice_ids, jnp.int32(max_new), tree,
             width=width, sampling=sampling, choice_width=int(choice_width),
-            full_vocab=full_vocab, decode=not later)
+            full_vocab=full_vocab, decode=not later, capture=capture)
         toks, lp_raw, lp_samp, counts, lengths, steps = jax.device_get(
             (toks, lp_raw, lp_samp, counts, lengths, steps))
+        fed = fed_hidden = None
+        if capture:
+            fed, fed_hidden = _fed_rows(chunks, toks, counts, *jax.device_get(
+                (chunk_hidden, decoded_hidden)), decoded=not later)
         unwritten = state.unwritten
         if later:
             kept = unwritten or ((),) * state.batch
@@ -654,7 +717,8 @@ class Sampler:
         new_state = DecodeState(cache, cache_mask, state.cache_index + p + int(steps),
                                 np.asarray(lengths, np.int32), unwritten)
         return new_state, ChunkOutput(toks[:, :max_new], lp_raw[:, :max_new],
-                                      lp_samp[:, :max_new], np.asarray(counts))
+                                      lp_samp[:, :max_new], np.asarray(counts), fed,
+                                      fed_hidden)
 
     def _choice_array(self, choices, batch: int, max_new: int, width: int):
         """[B, C, width] int32 of the rows' commands (at most `max_new` tokens each, -1

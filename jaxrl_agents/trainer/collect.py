@@ -75,9 +75,17 @@ class Collector:
         # so all start from the largest, each at its own first group.
         groups_before = distributed.agree_max([self.driver.groups_used])[0]
         self.driver.number_groups_from(groups_before + first_group)
-        local = self.driver.run(mine.env_ids, key, max_steps=mine.max_steps)
+        local = self.driver.run(mine.env_ids, key, max_steps=mine.max_steps,
+                                capture=self._capture_layers(count))
         self.driver.number_groups_from(groups_before + len(plan.env_ids) // g)
         return local
+
+    def _capture_layers(self, processes: int) -> int:
+        """The layers whose output the rollout keeps for the learner: its frozen layers
+        (`rl.frozen_layers`), which it then need not run again. With several processes
+        none: every process gathers every episode, and the hidden states would travel
+        too."""
+        return int(self.cfg.rl.frozen_layers) if processes == 1 else 0
 
     def _shape_rewards(self, trajs: list[Trajectory], update: int) -> dict[str, float]:
         """Reward recipe (and model), novelty bonus, then scale / clip / normalise, in place.

@@ -219,11 +219,12 @@ class Trainer:
     def rl_update(self, update: int) -> dict:
         """Update `update`: collect, learn, let the schedule decide and act on its events;
         returns the update's metrics."""
-        start = time.perf_counter()
+        start, compiled = time.perf_counter(), compile_cache.compile_seconds()
         key = jax.random.fold_in(self.key, update)
         plan = self.schedule.plan(update)
         collection = self.collector.collect(update, plan, jax.random.fold_in(key, 0))
         rollout_s = time.perf_counter() - start
+        rollout_compile_s = compile_cache.compile_seconds() - compiled
         compile_cache.release_if_near_limit()
         self.state, metrics = self.learner.update(
             self.state, collection.batch, jax.random.fold_in(key, 1)
@@ -235,6 +236,7 @@ class Trainer:
         metrics.update(feedback.metrics)
         metrics.update(self.act_on(feedback.events, collection))
         metrics.update(update_charts(collection, rollout_s, update_s))
+        metrics["perf/rollout_compile_s"] = rollout_compile_s
         metrics.update(self.monitor.report(collection.trajectories, metrics, self.logger.write,
                                            update + 1))
         return metrics

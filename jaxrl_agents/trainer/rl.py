@@ -257,15 +257,19 @@ def _old_values_and_ref_logprobs(graphdef, ref_graphdef, params, ref_params, hp:
                                  rows: Batch):
     """Per row: old values [b, T], the value after the last real token [b], the
     reference log-probs [b, T] and, with frozen layers, their output [b, T, D] (else
-    None), which both passes continue from and the gradient steps reuse."""
+    None), which both passes continue from and the gradient steps reuse: the rollout's
+    (`rows.lower_hidden`) when it kept it, else computed here."""
     model = nnx.merge(graphdef, params)
     lower = None
-    if hp.frozen_layers:
-        lower = model.policy.lower_hidden(rows.input_ids, rows.positions, rows.valid,
-                                          hp.frozen_layers)
-        raw = model.values_above(lower, hp.frozen_layers, rows.positions, rows.valid)
-    else:
+    if not hp.frozen_layers:
         raw = model.values(rows.input_ids, rows.positions, rows.valid)
+    else:
+        lower = rows.lower_hidden
+        if lower is None:
+            lower = model.policy.lower_hidden(rows.input_ids, rows.positions, rows.valid,
+                                              hp.frozen_layers)
+        lower = lower.astype(model.policy.config.jnp_dtype)
+        raw = model.values_above(lower, hp.frozen_layers, rows.positions, rows.valid)
     values, last_value = _aligned_values(raw, rows.valid)
     return values, last_value, _ref_logprobs(ref_graphdef, ref_params, rows, hp, lower), lower
 
@@ -749,7 +753,8 @@ class RLLearner:
                 state, batch, kl_coef, prepare_rows, lengths)
         jax.block_until_ready(prepared)
         prepare_s = time.perf_counter() - start
-        train_rows = TrainBatch(batch, prepared)
+        # The rollout's frozen-layer output, if any, now lives in `prepared` alone.
+        train_rows = TrainBatch(dataclasses.replace(batch, lower_hidden=None), prepared)
         policy_coef = jnp.float32(0.0 if self.updates < self.value_warmup_updates else 1.0)
 
         def minibatch(idx, real):  # rows idx[:real], cut to their length bucket
@@ -771,6 +776,8 @@ class RLLearner:
         metrics["perf/prepare_s"] = prepare_s
         metrics["perf/train_steps_s"] = time.perf_counter() - start - prepare_s
         metrics["perf/learner_compile_s"] = compile_cache.compile_seconds() - compiled
+        if self.hp.frozen_layers:  # 1: the frozen layers' output came with the rollout
+            metrics["perf/frozen_output_reused"] = float(batch.lower_hidden is not None)
         metrics["losses/skipped_total"] = float(state.skipped)
         num_tokens = int(jnp.sum(batch.action_mask))
         metrics["kl/coef"] = self.kl.value

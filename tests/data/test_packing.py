@@ -41,6 +41,20 @@ def test_pack_pads_and_keeps_every_token():
     assert sub.shape == (2, 16)
 
 
+def test_pack_carries_the_rollouts_hidden_states_only_when_every_episode_has_them():
+    trajs = [_traj(3, 2, 1.0), _traj(5, 4, 0.0)]
+    for t, seed in zip(trajs, (0, 1)):
+        t.lower_hidden = np.random.default_rng(seed).normal(size=(len(t), 3)).astype(np.float32)
+    batch = pack(trajs, length_buckets=(16,), row_multiple=4)
+    assert batch.lower_hidden.shape == (4, 16, 3)
+    for i, t in enumerate(trajs):
+        np.testing.assert_array_equal(batch.lower_hidden[i, :len(t)], t.lower_hidden)
+    assert not batch.lower_hidden[0, 5:].any() and not batch.lower_hidden[2:].any()
+    assert batch.rows(slice(0, 2)).lower_hidden.shape == (2, 16, 3)
+    trajs[1].lower_hidden = None
+    assert pack(trajs, length_buckets=(16,)).lower_hidden is None
+
+
 def test_pack_errors():
     with pytest.raises(ValueError, match="at least one"):
         pack([])
@@ -48,3 +62,6 @@ def test_pack_errors():
         pack([_traj(10, 2, 0.0)], max_length=8)
     with pytest.raises(ValueError, match="logprobs"):
         Trajectory(tokens=[1, 2], token_type=[0, 1], logprobs=[0.0], rewards=[0, 0])
+    with pytest.raises(ValueError, match="lower_hidden has shape"):
+        Trajectory(tokens=[1, 2], token_type=[0, 1], logprobs=[0.0, 0.0], rewards=[0, 0],
+                   lower_hidden=np.zeros((3, 4)))

@@ -63,6 +63,41 @@ def test_prefill_then_decode_matches_full_forward(scan):
     np.testing.assert_allclose(stepped[real], np.asarray(full)[real], atol=1e-5)
 
 
+@pytest.mark.parametrize("scan", [False, True])
+def test_cached_forward_captures_the_frozen_layers_output(scan):
+    """`capture=n`: a prefill and the decode steps after it return each new token's
+    residual stream after n layers, as `lower_hidden(.., n)` computes it for the whole
+    row; logits and cache are those of a call without it."""
+    cfg = TINY.replace(num_layers=3, scan_layers=scan)
+    model = _model(cfg)
+    ids, mask = padded_batch(cfg.vocab_size, seed=5, batch=3, length=8)
+    ids, mask = ids[:2], mask[:2]
+    mask[1] = [0, 0, 0, 1, 1, 1, 1, 1]
+    ids[mask == 0] = 0
+    positions = default_positions(mask)
+    for n in (1, 2):
+        whole = np.asarray(model.lower_hidden(ids, positions, mask, n))
+        cache, cache_mask = model.init_cache(batch=2, slots=8), np.zeros((2, 8), bool)
+        cache_mask[:, :5] = mask[:, :5]
+        step = jax.jit(functools.partial(model.forward_with_cache, capture=n))
+        plain = jax.jit(model.forward_with_cache)
+        logits, cache_after, kept = step(ids[:, :5], positions[:, :5], cache, 0, cache_mask)
+        want_logits, want_cache = plain(ids[:, :5], positions[:, :5], cache, 0, cache_mask)
+        np.testing.assert_array_equal(logits, want_logits)
+        np.testing.assert_array_equal(cache_after.k, want_cache.k)
+        pieces = [np.asarray(kept)]
+        for t in range(5, 8):
+            cache_mask[:, t] = True
+            _, cache_after, kept = step(ids[:, t:t + 1], positions[:, t:t + 1], cache_after,
+                                        t, cache_mask)
+            pieces.append(np.asarray(kept))
+        stepped = np.concatenate(pieces, axis=1)
+        real = mask.astype(bool)
+        np.testing.assert_allclose(stepped[real], whole[real], atol=1e-5)
+        assert not np.allclose(stepped[real], np.asarray(
+            model.lower_hidden(ids, positions, mask, n + 1))[real], atol=1e-3)
+
+
 def _loss(model, ids, mask):
     logits = model(ids, attention_mask=mask)
     logp = jax.nn.log_softmax(logits)

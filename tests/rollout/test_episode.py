@@ -184,6 +184,29 @@ def test_sampled_logprobs_equal_a_fresh_forward_pass(model, tokenizer, pool):
     assert [list(t.tokens) for t in again] == [list(t.tokens) for t in trajs]
 
 
+def test_captured_hidden_states_are_the_first_layers_output_of_each_episode(model, tokenizer,
+                                                                          pool):
+    """`run(capture=1)`: every sampled episode keeps its first layer's output at each token,
+    as a forward pass over the whole episode gives it; a record ending with tokens never
+    fed (the final observation of a cut episode) keeps none, and neither does a run
+    without capture."""
+    options = dict(temperature=1.0, max_context=512, max_steps=2,
+                   stop_strings=("\n", "e", "a", "o", "1"))
+    d = driver(model, tokenizer, pool, **options)
+    trajs = d.run([0, 1, 2], jax.random.key(4), capture=1)
+    for traj in trajs:
+        ids = traj.tokens[None]
+        want = np.asarray(model.lower_hidden(ids, n=1))[0]
+        assert traj.lower_hidden.shape == (len(traj), model.config.hidden_size)
+        np.testing.assert_allclose(traj.lower_hidden, want, atol=1e-4)
+    closing = driver(model, tokenizer, pool, final_observation=True, **options)
+    trajs = closing.run([0, 1, 2], jax.random.key(4), capture=1)
+    closed = [t.token_type[-1] == PROMPT for t in trajs]  # cut, ending with the observation
+    assert any(closed)
+    assert [t.lower_hidden is None for t in trajs] == closed
+    assert all(t.lower_hidden is None for t in d.run([0, 1], jax.random.key(4)))
+
+
 def test_context_overflow_ends_the_episode_as_truncated(model, tokenizer, pool):
     first = len(Renderer(tokenizer).first_chunk(pool.reset([0])[0].observation))
     d = driver(model, tokenizer, pool, temperature=1.0, max_context=first + 6 + 10)

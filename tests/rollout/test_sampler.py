@@ -601,3 +601,44 @@ def test_greedy_by_command_over_turns_equals_teacher_forcing_the_whole_episode(c
         np.testing.assert_allclose(out1.logprobs[row, :len(played1[row])],
                                    logp[best, len(prompts[row]):len(prompts[row])
                                         + len(played1[row])], atol=1e-4)
+
+
+@pytest.mark.parametrize("by_command", [False, True], ids=["sampled", "greedy_by_command"])
+def test_captured_hidden_states_are_the_first_layers_output_over_the_whole_row(checkpoint,
+                                                                               by_command):
+    """`capture=1`: over three turns (prompts prefilled in pieces of 4, a cache that compacts
+    and grows, a row sitting a turn out, commands written ahead of the next chunk when
+    played by command), the ids each call reports fed are the row's history in order, and
+    their hidden states are those `lower_hidden(.., 1)` gives over the whole row."""
+    model, *_ = checkpoint
+    stop = 1
+    sampler = Sampler(model, stop_token_ids=[stop], cache_buckets=(32, 64, 128),
+                      prefill_buckets=(4, 8, 16), max_prefill=4)
+    rng = np.random.default_rng(5)
+    params = SamplingParams(0.0) if by_command else SamplingParams(1.0)
+    state = sampler.new_state(3, 16)
+    played, fed_ids, fed_hidden = [[], [], []], [[], [], []], [[], [], []]
+    for turn in range(3):
+        chunks = [list(map(int, rng.integers(3, 90, 2 + 4 * row + turn))) for row in range(3)]
+        if turn == 1:
+            chunks[1] = []
+        choices = None
+        if by_command:
+            choices = [[[int(rng.integers(3, 90)), int(rng.integers(3, 90)), stop]
+                        for _ in range(3)] if chunk else [] for chunk in chunks]
+        state, out = sampler.extend(state, chunks, 6, params, jax.random.key(turn), choices,
+                                    capture=1)
+        for row in range(3):
+            n = int(out.num_tokens[row])
+            played[row] += chunks[row] + list(map(int, out.tokens[row, :n]))
+            fed_ids[row] += list(out.fed[row])
+            fed_hidden[row].append(out.fed_hidden[row])
+            assert len(out.fed[row]) == len(out.fed_hidden[row])
+    assert state.slots > 32
+    for row in range(3):
+        ids = np.asarray(played[row], np.int32)[None]
+        unwritten = len(state.unwritten[row]) if state.unwritten else 0
+        assert fed_ids[row] == played[row][:len(played[row]) - unwritten]
+        assert unwritten == (int(out.num_tokens[row]) if by_command else 0)
+        want = np.asarray(model.lower_hidden(ids, n=1))[0, :len(fed_ids[row])]
+        np.testing.assert_allclose(np.concatenate(fed_hidden[row]), want, atol=1e-4)

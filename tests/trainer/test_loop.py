@@ -87,6 +87,9 @@ def test_run_writes_its_outputs_and_sft_loss_falls(tmp_path):
     last = rl[-1]  # the update's token count, and its rate over the update's wall time
     assert last["perf/tokens"] > 0 and last["perf/tokens_per_s"] == pytest.approx(
         last["perf/tokens"] / (last["perf/rollout_s"] + last["perf/update_s"]))
+    # The rollout's compiling is a share of its time; the first sampled rollout compiles.
+    assert all(0 <= r["perf/rollout_compile_s"] <= r["perf/rollout_s"] for r in rl)
+    assert rl[0]["perf/rollout_compile_s"] > 0
 
 
 def test_pretraining_runs_without_sft(tmp_path):

@@ -109,3 +109,5 @@ def test_smollm2_recipe_runs_one_rl_update_on_real_games(tmp_path):
     for key in ("losses/total", "losses/policy", "losses/value", "losses/approx_kl",
                 "perf/prepare_s", "perf/train_steps_s"):
         assert math.isfinite(update[0][key]), key
+    # the rollout kept the frozen layers' output, so `prepare` did not run them again
+    assert update[0]["perf/frozen_output_reused"] == 1.0

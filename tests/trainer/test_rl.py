@@ -352,6 +352,42 @@ def test_prepare_by_length_equals_prepare_of_the_whole_batch(frozen_layers):
         assert float(metrics[k]) == pytest.approx(float(v), rel=1e-5, abs=1e-6), k
 
 
+def test_the_rollouts_frozen_layer_output_stands_in_for_the_learners():
+    """A batch carrying the frozen layers' output (`Batch.lower_hidden`, kept by the
+    rollout) gives the update of one without it, and that output is what the learner
+    reads: shifted, the reference log-probs move."""
+    ac, batch = tiny_actor_critic(), _padded_far(7)
+    hp = RLHyper.defaults(estimator="gae", entropy_coef=0.01, frozen_layers=1)
+    arrays = on_device(batch)
+    lower = np.asarray(ac.policy.lower_hidden(arrays.input_ids, arrays.positions,
+                                              arrays.valid, 1))
+    lower = lower * np.asarray(batch.valid, np.float32)[..., None]  # 0 on padding, as packed
+    results = []
+    for given in (None, lower, lower + 0.5):
+        learner = RLLearner(ac, hp, optax.sgd(0.02), ppo_epochs=2, minibatch_size=2,
+                            length_buckets=(8, 16, 24, 32))
+        state = learner.init_state(ac)
+        rows = dataclasses.replace(batch, lower_hidden=given)
+        lengths = learner._row_lengths(on_device(rows))
+        prepared, _ = learner._prepare_by_length(state, on_device(rows), jnp.float32(0.1), 2,
+                                                 lengths)
+        state, metrics = learner.update(state, rows, jax.random.key(0))
+        results.append((prepared, metrics, jax.tree.leaves(state.params)))
+    (p_own, m_own, w_own), (p_given, m_given, w_given), (p_shifted, *_) = results
+    assert (m_own["perf/frozen_output_reused"], m_given["perf/frozen_output_reused"]) == (0, 1)
+    valid = np.asarray(batch.valid, bool)
+    for name in ("old_values", "ref_logprobs", "advantages", "lower_hidden"):
+        np.testing.assert_allclose(np.asarray(getattr(p_given, name))[valid],
+                                   np.asarray(getattr(p_own, name))[valid], atol=1e-5,
+                                   err_msg=name)
+    for k in learning_metrics(m_own):
+        assert m_given[k] == pytest.approx(m_own[k], rel=1e-4, abs=1e-5), k
+    for a, b in zip(w_given, w_own):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    moved = np.abs(np.asarray(p_shifted.ref_logprobs) - np.asarray(p_own.ref_logprobs))
+    assert moved[np.asarray(batch.action_mask) > 0].max() > 1e-3
+
+
 def test_cutting_minibatches_to_their_own_length_changes_nothing():
     """A batch padded far past its episodes (T=64, episodes of 9-24 tokens): minibatches
     cut to their own bucket give the update of the uncut batch."""
